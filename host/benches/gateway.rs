@@ -1,0 +1,388 @@
+//! `cargo bench -p obol --bench gateway`: prints figures, asserts nothing.
+//!
+//! In one process and one run: the same tool call made directly against a mock vendor and
+//! through Obol (`stripe.charges.list`, rmcp-free raw HTTP so the client costs the same on both
+//! sides) at concurrency 1 and 32; the guest's own cost (instantiate + prepare + interpret);
+//! `tools/list` rendering for a key over 1,000 tools; and resident memory with 50 compiled
+//! connectors loaded. Client, gateway and mock vendor share the machine's cores.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::routing::get;
+use obol::catalog::{Catalog, Connector, Manifest};
+use obol::config::{Config, RuntimeConfig};
+use obol::policy::{KeyHash, ToolGlob, VirtualKey};
+use obol::runtime::{Runtime, wit};
+use serde_json::json;
+
+const PAYMENTS: &[u8] = include_bytes!(env!("OBOL_GUEST_PAYMENTS"));
+const TOKEN: &str = "obk_bench";
+const RUN_FOR: Duration = Duration::from_secs(4);
+
+const CHARGES: &str = r#"{"object":"list","has_more":false,"data":[{"id":"ch_1","object":"charge","amount":1000,"currency":"usd","status":"succeeded"},{"id":"ch_2","object":"charge","amount":2000,"currency":"usd","status":"succeeded"}]}"#;
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    println!(
+        "obol benchmark ({} cores)\n",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    memory_with_50_connectors();
+    listing_over_1000_tools();
+    runtime.block_on(guest_alone());
+    runtime.block_on(end_to_end());
+}
+
+fn rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+fn bench_runtime() -> Arc<Runtime> {
+    Arc::new(
+        Runtime::new(RuntimeConfig {
+            memory_limit_bytes: 64 << 20,
+            call_deadline: Duration::from_secs(2),
+            max_output_bytes: 4 << 20,
+            cache_dir: None,
+            max_concurrent_calls: 64,
+        })
+        .unwrap(),
+    )
+}
+
+/// Fifty connectors of twenty tools each: each a separately compiled component (so code
+/// memory is real), renamed through its manifest so that the names are distinct.
+fn fifty_connectors(runtime: &Runtime) -> Vec<Arc<Connector>> {
+    (0..50)
+        .map(|i| {
+            let (guest, raw) = runtime.load(PAYMENTS).unwrap();
+            let template = raw.tools[0].clone();
+            let tools = (0..20)
+                .map(|t| wit::Tool {
+                    name: format!("tool_{t:02}.run"),
+                    ..template.clone()
+                })
+                .collect();
+            let manifest = Manifest::validate(wit::Manifest {
+                name: format!("conn{i:02}"),
+                version: raw.version.clone(),
+                tools,
+            })
+            .unwrap();
+            Arc::new(Connector {
+                manifest,
+                guest: Arc::new(guest),
+            })
+        })
+        .collect()
+}
+
+fn workspace_config(connectors: &[Arc<Connector>]) -> Config {
+    let mut toml = String::from("[[workspaces]]\nid = \"bench\"\n");
+    for c in connectors {
+        toml.push_str(&format!(
+            "[[workspaces.connections]]\nid = \"{0}\"\nconnector = \"{0}\"\nbase_url = \"http://127.0.0.1:9\"\n",
+            c.manifest.name
+        ));
+    }
+    Config::parse(&toml, std::path::Path::new(".")).unwrap()
+}
+
+fn memory_with_50_connectors() {
+    let before = rss_mib();
+    let runtime = bench_runtime();
+    let started = Instant::now();
+    let connectors = fifty_connectors(&runtime);
+    let compile = started.elapsed();
+    let catalog = Catalog::build(connectors, &workspace_config(&[]).workspaces);
+    let after = rss_mib();
+    println!("memory");
+    println!(
+        "  50 connectors compiled in {:.2} s; process RSS {:.1} MiB (was {:.1} MiB before loading, +{:.1} MiB)\n",
+        compile.as_secs_f64(),
+        after,
+        before,
+        after - before
+    );
+    drop(catalog);
+}
+
+fn listing_over_1000_tools() {
+    let runtime = bench_runtime();
+    let connectors = fifty_connectors(&runtime);
+    let config = workspace_config(&connectors);
+    let catalog = Catalog::build(connectors, &config.workspaces);
+    let key = VirtualKey {
+        name: "bench".into(),
+        hash: KeyHash::of_token(TOKEN),
+        workspace: "bench".into(),
+        environment: "dev".into(),
+        allowed_tools: vec![ToolGlob::parse("conn*").unwrap()],
+    };
+    let mut samples = Vec::new();
+    let mut size = 0;
+    for _ in 0..500 {
+        let started = Instant::now();
+        let listing = catalog.listing(&key);
+        samples.push(started.elapsed());
+        size = listing.len();
+    }
+    let tools = serde_json::from_str::<serde_json::Value>(&catalog.listing(&key)).unwrap()["tools"]
+        .as_array()
+        .unwrap()
+        .len();
+    let (p50, p99) = percentiles(&mut samples);
+    println!(
+        "tools/list rendering for a key over {tools} tools ({} KiB)",
+        size / 1024
+    );
+    println!(
+        "  p50 {} p99 {}   (target: p50 <= 2 ms)\n",
+        us(p50),
+        us(p99)
+    );
+}
+
+async fn guest_alone() {
+    let runtime = bench_runtime();
+    let (guest, _) = runtime.load(PAYMENTS).unwrap();
+    let guest = Arc::new(guest);
+    let facts = wit::ConnectionFacts {
+        base_url: "http://127.0.0.1:9".into(),
+        settings: vec![],
+    };
+    let mut samples = Vec::new();
+    for _ in 0..3000 {
+        let started = Instant::now();
+        let prepared = runtime
+            .prepare(
+                &guest,
+                "stripe",
+                "charges.list",
+                r#"{"limit":2}"#.into(),
+                facts.clone(),
+            )
+            .await
+            .unwrap()
+            .unwrap();
+        std::hint::black_box(prepared);
+        let output = runtime
+            .interpret(
+                &guest,
+                "stripe",
+                "charges.list",
+                wit::VendorResponse {
+                    status: 200,
+                    headers: vec![],
+                    body: CHARGES.as_bytes().to_vec(),
+                },
+            )
+            .await
+            .unwrap()
+            .unwrap();
+        std::hint::black_box(output);
+        samples.push(started.elapsed());
+    }
+    let (p50, p99) = percentiles(&mut samples);
+    println!(
+        "guest work: 2 x (fresh store + instantiate) + prepare + interpret, via the blocking pool"
+    );
+    println!(
+        "  p50 {} p99 {}   (target: p50 <= 50 us)\n",
+        us(p50),
+        us(p99)
+    );
+}
+
+async fn end_to_end() {
+    // The mock vendor.
+    let vendor = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let vendor_address = vendor.local_addr().unwrap();
+    let app = Router::new().route(
+        "/v1/charges",
+        get(|| async { ([("content-type", "application/json")], CHARGES) }),
+    );
+    tokio::spawn(async move { axum::serve(vendor, app).await.unwrap() });
+
+    // The gateway, in this process.
+    let toml = format!(
+        r#"
+        [runtime]
+        max_concurrent_calls = 64
+        [connectors]
+        components = ["bundled:stripe"]
+        [[workspaces]]
+        id = "bench"
+        [[workspaces.connections]]
+        id = "stripe"
+        connector = "stripe"
+        base_url = "http://{vendor_address}"
+        [[keys]]
+        name = "bench"
+        hash = "{}"
+        workspace = "bench"
+        environment = "dev"
+        allowed_tools = ["stripe.*"]
+        "#,
+        KeyHash::of_token(TOKEN)
+    );
+    let config = Config::parse(&toml, std::path::Path::new(".")).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let gateway_url = format!("http://{}/mcp", listener.local_addr().unwrap());
+    tokio::spawn(async move { obol::gateway::serve(config, listener).await.unwrap() });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(64)
+        .build()
+        .unwrap();
+    let init = http
+        .post(&gateway_url)
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .header("accept", "application/json, text/event-stream")
+        .header("content-type", "application/json")
+        .body(r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"bench","version":"0"}}}"#)
+        .send()
+        .await
+        .unwrap();
+    let session = init.headers()["mcp-session-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+
+    let direct_url = format!("http://{vendor_address}/v1/charges?limit=2");
+    let call_body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "stripe.charges.list", "arguments": {"limit": 2}}})
+    .to_string();
+    let list_body = r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#;
+
+    let direct = {
+        let http = http.clone();
+        let url = direct_url.clone();
+        move || {
+            let http = http.clone();
+            let url = url.clone();
+            async move {
+                let response = http.get(&url).send().await.unwrap();
+                assert!(response.status().is_success());
+                response.bytes().await.unwrap();
+            }
+        }
+    };
+    let through = |body: String| {
+        let http = http.clone();
+        let url = gateway_url.clone();
+        let session = session.clone();
+        move || {
+            let (http, url, session, body) =
+                (http.clone(), url.clone(), session.clone(), body.clone());
+            async move {
+                let response = http
+                    .post(&url)
+                    .header("authorization", format!("Bearer {TOKEN}"))
+                    .header("mcp-session-id", &session)
+                    .header("accept", "application/json, text/event-stream")
+                    .header("content-type", "application/json")
+                    .body(body)
+                    .send()
+                    .await
+                    .unwrap();
+                let text = response.text().await.unwrap();
+                assert!(text.contains("\"result\""), "{text}");
+            }
+        }
+    };
+
+    println!(
+        "end to end: stripe.charges.list, direct GET to the mock vendor vs tools/call through Obol"
+    );
+    println!("  {:<28} {:>10} {:>10} {:>12}", "", "p50", "p99", "calls/s");
+    for concurrency in [1usize, 32] {
+        let d = load(concurrency, direct.clone()).await;
+        let o = load(concurrency, through(call_body.clone())).await;
+        print_row(&format!("direct      c={concurrency}"), &d);
+        print_row(&format!("through Obol c={concurrency}"), &o);
+        println!(
+            "  -> Obol adds {} to p50; throughput ratio {:.0} %",
+            us(o.p50.saturating_sub(d.p50)),
+            100.0 * o.rate / d.rate
+        );
+    }
+    let l = load(1, through(list_body.to_owned())).await;
+    print_row("tools/list over HTTP c=1", &l);
+    println!("\ntargets: +<=150 us p50 at c=1; >=5,000 calls/s and >=40 % of direct at c=32");
+}
+
+struct Figures {
+    p50: Duration,
+    p99: Duration,
+    rate: f64,
+}
+
+fn print_row(label: &str, f: &Figures) {
+    println!(
+        "  {label:<28} {:>10} {:>10} {:>12.0}",
+        us(f.p50),
+        us(f.p99),
+        f.rate
+    );
+}
+
+/// Runs `call` from `concurrency` tasks for `RUN_FOR` (after a short warm-up).
+async fn load<F, Fut>(concurrency: usize, call: F) -> Figures
+where
+    F: Fn() -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    for _ in 0..200 {
+        call().await;
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let workers: Vec<_> = (0..concurrency)
+        .map(|_| {
+            let call = call.clone();
+            let stop = Arc::clone(&stop);
+            tokio::spawn(async move {
+                let mut samples = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    let t = Instant::now();
+                    call().await;
+                    samples.push(t.elapsed());
+                }
+                samples
+            })
+        })
+        .collect();
+    tokio::time::sleep(RUN_FOR).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut samples = Vec::new();
+    for worker in workers {
+        samples.extend(worker.await.unwrap());
+    }
+    let elapsed = started.elapsed();
+    let rate = samples.len() as f64 / elapsed.as_secs_f64();
+    let (p50, p99) = percentiles(&mut samples);
+    Figures { p50, p99, rate }
+}
+
+fn percentiles(samples: &mut [Duration]) -> (Duration, Duration) {
+    samples.sort();
+    let at = |q: f64| samples[((samples.len() as f64 - 1.0) * q) as usize];
+    (at(0.50), at(0.99))
+}
+
+fn us(d: Duration) -> String {
+    format!("{:.0} us", d.as_secs_f64() * 1e6)
+}

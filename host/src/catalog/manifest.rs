@@ -1,0 +1,530 @@
+//! A component's manifest, checked once at load time.
+//!
+//! The raw manifest is whatever the guest returned. [`Manifest::validate`] turns it into values
+//! that are valid by construction (a [`ConnectorName`] has no dot, a [`StatusClasses`] has no
+//! overlap, every schema compiles), so nothing on the call path re-checks them.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::ops::RangeInclusive;
+use std::sync::Arc;
+
+use axum::http::HeaderName;
+use serde_json::Value;
+
+use crate::runtime::wit;
+
+/// Connector prefixes and tool names that belong to the gateway itself.
+const RESERVED_PREFIXES: [&str; 1] = ["cap"];
+const RESERVED_TOOLS: [&str; 3] = ["search_tools", "call_tool", "find_capability"];
+
+/// Why a component was refused. Each variant names the offending item.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ManifestError {
+    #[error("the connector name is empty")]
+    EmptyName,
+    #[error("connector name {0:?} contains a dot; the first dot separates connector and tool")]
+    DottedName(String),
+    #[error("connector name {0:?} is not a lowercase identifier ([a-z0-9_-], at most 64)")]
+    InvalidName(String),
+    #[error("connector name {0:?} is reserved for the gateway")]
+    ReservedPrefix(String),
+    #[error("tool name {0:?} is reserved for the gateway")]
+    ReservedTool(String),
+    #[error("a tool has an empty name")]
+    EmptyToolName,
+    #[error("tool {0:?} is declared twice")]
+    DuplicateTool(String),
+    #[error("tool {tool:?}: {which} is not a valid JSON Schema: {reason}")]
+    InvalidSchema {
+        tool: String,
+        which: &'static str,
+        reason: String,
+    },
+    #[error("tool {tool:?}: status {status} is both {first} and {second}")]
+    OverlappingStatuses {
+        tool: String,
+        status: u16,
+        first: &'static str,
+        second: &'static str,
+    },
+    #[error("tool {tool:?}: status range {first}..={last} is empty or outside 100..=599")]
+    InvalidStatusRange { tool: String, first: u16, last: u16 },
+    #[error("tool {tool:?}: propagation {reason}")]
+    InvalidPropagation { tool: String, reason: String },
+}
+
+/// A connector prefix: non-empty, no dot, lowercase identifier characters.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConnectorName(Arc<str>);
+
+impl ConnectorName {
+    pub fn parse(name: &str) -> Result<ConnectorName, ManifestError> {
+        if name.is_empty() {
+            return Err(ManifestError::EmptyName);
+        }
+        if name.contains('.') {
+            return Err(ManifestError::DottedName(name.to_owned()));
+        }
+        let valid_chars = name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+        if !valid_chars || name.len() > 64 {
+            return Err(ManifestError::InvalidName(name.to_owned()));
+        }
+        if RESERVED_PREFIXES.contains(&name) || RESERVED_TOOLS.contains(&name) {
+            return Err(ManifestError::ReservedPrefix(name.to_owned()));
+        }
+        Ok(ConnectorName(name.into()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for ConnectorName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RouteKind {
+    Native,
+    Federated,
+}
+
+/// How a vendor status is classified. Anything no class claims is `Unknown`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StatusClass {
+    Accepted,
+    DefinitelyRejected,
+    Retryable,
+    Unknown,
+}
+
+/// The three declared status classes, proven disjoint at load time.
+#[derive(Debug, Clone)]
+pub struct StatusClasses {
+    accepted: Vec<RangeInclusive<u16>>,
+    definitely_rejected: Vec<RangeInclusive<u16>>,
+    retryable: Vec<RangeInclusive<u16>>,
+}
+
+impl StatusClasses {
+    fn new(tool: &str, spec: &wit::EffectSpec) -> Result<StatusClasses, ManifestError> {
+        let ranges = |list: &[wit::StatusRange]| {
+            list.iter()
+                .map(|r| {
+                    if r.first > r.last || r.first < 100 || r.last > 599 {
+                        Err(ManifestError::InvalidStatusRange {
+                            tool: tool.to_owned(),
+                            first: r.first,
+                            last: r.last,
+                        })
+                    } else {
+                        Ok(r.first..=r.last)
+                    }
+                })
+                .collect::<Result<Vec<_>, _>>()
+        };
+        let classes = StatusClasses {
+            accepted: ranges(&spec.accepted)?,
+            definitely_rejected: ranges(&spec.definitely_rejected)?,
+            retryable: ranges(&spec.retryable)?,
+        };
+        for status in 100..=599u16 {
+            let claims: Vec<&'static str> = [
+                ("accepted", &classes.accepted),
+                ("definitely_rejected", &classes.definitely_rejected),
+                ("retryable", &classes.retryable),
+            ]
+            .into_iter()
+            .filter(|(_, class)| class.iter().any(|r| r.contains(&status)))
+            .map(|(name, _)| name)
+            .collect();
+            if let [first, second, ..] = claims[..] {
+                return Err(ManifestError::OverlappingStatuses {
+                    tool: tool.to_owned(),
+                    status,
+                    first,
+                    second,
+                });
+            }
+        }
+        Ok(classes)
+    }
+
+    /// Classifies a vendor status. Declarative: the guest's opinion of the response is not
+    /// consulted, and a status no class names is `Unknown`, never success.
+    pub fn classify(&self, status: u16) -> StatusClass {
+        let within = |class: &[RangeInclusive<u16>]| class.iter().any(|r| r.contains(&status));
+        if within(&self.accepted) {
+            StatusClass::Accepted
+        } else if within(&self.definitely_rejected) {
+            StatusClass::DefinitelyRejected
+        } else if within(&self.retryable) {
+            StatusClass::Retryable
+        } else {
+            StatusClass::Unknown
+        }
+    }
+}
+
+/// A JSON Pointer (RFC 6901) naming where the key goes in a JSON request body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JsonPointer(String);
+
+impl JsonPointer {
+    fn parse(text: &str) -> Result<JsonPointer, String> {
+        if !text.starts_with('/') || text.len() < 2 {
+            return Err(format!(
+                "body field {text:?} is not a JSON Pointer like \"/idempotency_key\""
+            ));
+        }
+        Ok(JsonPointer(text.to_owned()))
+    }
+
+    /// Sets the field, creating intermediate objects. Fails when the body is not a JSON object
+    /// along the path.
+    pub fn set(&self, body: &mut Value, value: Value) -> Result<(), String> {
+        let segments: Vec<String> = self.0[1..]
+            .split('/')
+            .map(|s| s.replace("~1", "/").replace("~0", "~"))
+            .collect();
+        let (last, parents) = segments.split_last().expect("a pointer has a segment");
+        let mut node = body;
+        for segment in parents {
+            let object = node
+                .as_object_mut()
+                .ok_or_else(|| format!("request body at {segment:?} is not an object"))?;
+            node = object
+                .entry(segment.clone())
+                .or_insert_with(|| Value::Object(Default::default()));
+        }
+        let object = node
+            .as_object_mut()
+            .ok_or("request body is not a JSON object")?;
+        object.insert(last.clone(), value);
+        Ok(())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    #[cfg(test)]
+    pub fn parse_for_tests(text: &str) -> JsonPointer {
+        JsonPointer::parse(text).unwrap()
+    }
+}
+
+/// Whether and how the idempotency key reaches the vendor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Propagation {
+    None,
+    /// The vendor cannot deduplicate; a write through this tool may repeat at the vendor.
+    Unsupported,
+    Header(HeaderName),
+    BodyField(JsonPointer),
+}
+
+impl Propagation {
+    fn new(tool: &str, raw: &wit::Propagation) -> Result<Propagation, ManifestError> {
+        let invalid = |reason: String| ManifestError::InvalidPropagation {
+            tool: tool.to_owned(),
+            reason,
+        };
+        Ok(match raw {
+            wit::Propagation::None => Propagation::None,
+            wit::Propagation::Unsupported => Propagation::Unsupported,
+            wit::Propagation::Header(name) => Propagation::Header(
+                HeaderName::from_bytes(name.as_bytes())
+                    .map_err(|_| invalid(format!("header {name:?} is not a valid header name")))?,
+            ),
+            wit::Propagation::BodyField(pointer) => {
+                Propagation::BodyField(JsonPointer::parse(pointer).map_err(invalid)?)
+            }
+        })
+    }
+
+    /// A header or body-field propagation is a vendor idempotency binding: the vendor
+    /// deduplicates on the key it receives.
+    pub fn is_binding(&self) -> bool {
+        matches!(self, Propagation::Header(_) | Propagation::BodyField(_))
+    }
+
+    pub fn label(&self) -> &'static str {
+        match self {
+            Propagation::None => "none",
+            Propagation::Unsupported => "unsupported",
+            Propagation::Header(_) => "header",
+            Propagation::BodyField(_) => "body_field",
+        }
+    }
+}
+
+/// A compiled JSON Schema with its source kept for listing.
+pub struct Schema {
+    pub source: Value,
+    validator: jsonschema::Validator,
+}
+
+impl fmt::Debug for Schema {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Schema")
+            .field("source", &self.source)
+            .finish()
+    }
+}
+
+impl Schema {
+    fn compile(tool: &str, which: &'static str, text: &str) -> Result<Schema, ManifestError> {
+        let invalid = |reason: String| ManifestError::InvalidSchema {
+            tool: tool.to_owned(),
+            which,
+            reason,
+        };
+        let source: Value =
+            serde_json::from_str(text).map_err(|e| invalid(format!("not JSON: {e}")))?;
+        if !source.is_object() {
+            return Err(invalid("a schema must be a JSON object".into()));
+        }
+        let validator = jsonschema::validator_for(&source).map_err(|e| invalid(e.to_string()))?;
+        Ok(Schema { source, validator })
+    }
+
+    pub fn is_valid(&self, instance: &Value) -> bool {
+        self.validator.is_valid(instance)
+    }
+
+    /// Up to three violations, each with its location, for the agent that sent the value.
+    pub fn violations(&self, instance: &Value) -> Vec<String> {
+        self.validator
+            .iter_errors(instance)
+            .take(3)
+            .map(|e| {
+                let at = e.instance_path().to_string();
+                if at.is_empty() {
+                    e.to_string()
+                } else {
+                    format!("{at}: {e}")
+                }
+            })
+            .collect()
+    }
+}
+
+/// Everything the host enforces on a tool's behalf.
+#[derive(Debug)]
+pub struct EffectSpec {
+    pub route: RouteKind,
+    pub destructive: bool,
+    pub statuses: StatusClasses,
+    pub propagation: Propagation,
+    pub output_schema: Option<Schema>,
+}
+
+#[derive(Debug)]
+pub struct ToolSpec {
+    /// The unprefixed name the component knows the tool by.
+    pub upstream_name: String,
+    pub description: String,
+    pub input_schema: Schema,
+    pub effect: EffectSpec,
+}
+
+#[derive(Debug)]
+pub struct Manifest {
+    pub name: ConnectorName,
+    pub version: String,
+    pub tools: Vec<ToolSpec>,
+}
+
+impl Manifest {
+    pub fn validate(raw: wit::Manifest) -> Result<Manifest, ManifestError> {
+        let name = ConnectorName::parse(&raw.name)?;
+        let mut seen = HashSet::new();
+        let mut tools = Vec::with_capacity(raw.tools.len());
+        for tool in raw.tools {
+            if tool.name.is_empty() {
+                return Err(ManifestError::EmptyToolName);
+            }
+            if RESERVED_TOOLS.contains(&tool.name.as_str()) {
+                return Err(ManifestError::ReservedTool(tool.name));
+            }
+            if !seen.insert(tool.name.clone()) {
+                return Err(ManifestError::DuplicateTool(tool.name));
+            }
+            let input_schema = Schema::compile(&tool.name, "input_schema", &tool.input_schema)?;
+            let output_schema = tool
+                .effect
+                .output_schema
+                .as_deref()
+                .map(|text| Schema::compile(&tool.name, "output_schema", text))
+                .transpose()?;
+            let effect = EffectSpec {
+                route: match tool.effect.route {
+                    wit::RouteKind::Native => RouteKind::Native,
+                    wit::RouteKind::Federated => RouteKind::Federated,
+                },
+                destructive: tool.effect.destructive,
+                statuses: StatusClasses::new(&tool.name, &tool.effect)?,
+                propagation: Propagation::new(&tool.name, &tool.effect.propagation)?,
+                output_schema,
+            };
+            tools.push(ToolSpec {
+                upstream_name: tool.name,
+                description: tool.description,
+                input_schema,
+                effect,
+            });
+        }
+        Ok(Manifest {
+            name,
+            version: raw.version,
+            tools,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn effect() -> wit::EffectSpec {
+        wit::EffectSpec {
+            route: wit::RouteKind::Native,
+            destructive: false,
+            accepted: vec![wit::StatusRange {
+                first: 200,
+                last: 299,
+            }],
+            definitely_rejected: vec![wit::StatusRange {
+                first: 400,
+                last: 404,
+            }],
+            retryable: vec![wit::StatusRange {
+                first: 503,
+                last: 503,
+            }],
+            propagation: wit::Propagation::Header("Idempotency-Key".into()),
+            output_schema: None,
+        }
+    }
+
+    fn tool(name: &str) -> wit::Tool {
+        wit::Tool {
+            name: name.into(),
+            description: "d".into(),
+            input_schema: r#"{"type":"object"}"#.into(),
+            effect: effect(),
+        }
+    }
+
+    fn manifest(name: &str, tools: Vec<wit::Tool>) -> wit::Manifest {
+        wit::Manifest {
+            name: name.into(),
+            version: "1.0.0".into(),
+            tools,
+        }
+    }
+
+    #[test]
+    fn each_broken_manifest_gets_its_own_error() {
+        let cases: Vec<(wit::Manifest, ManifestError)> = vec![
+            (manifest("", vec![]), ManifestError::EmptyName),
+            (
+                manifest("str.ipe", vec![]),
+                ManifestError::DottedName("str.ipe".into()),
+            ),
+            (
+                manifest("cap", vec![]),
+                ManifestError::ReservedPrefix("cap".into()),
+            ),
+            (
+                manifest("x", vec![tool("call_tool")]),
+                ManifestError::ReservedTool("call_tool".into()),
+            ),
+            (
+                manifest("x", vec![tool("a.b"), tool("a.b")]),
+                ManifestError::DuplicateTool("a.b".into()),
+            ),
+        ];
+        for (raw, expected) in cases {
+            assert_eq!(Manifest::validate(raw).unwrap_err(), expected);
+        }
+    }
+
+    #[test]
+    fn overlapping_status_classes_are_refused() {
+        let mut bad = tool("t");
+        bad.effect.retryable.push(wit::StatusRange {
+            first: 404,
+            last: 410,
+        });
+        let err = Manifest::validate(manifest("x", vec![bad])).unwrap_err();
+        assert_eq!(
+            err,
+            ManifestError::OverlappingStatuses {
+                tool: "t".into(),
+                status: 404,
+                first: "definitely_rejected",
+                second: "retryable"
+            }
+        );
+    }
+
+    #[test]
+    fn invalid_schemas_are_refused() {
+        let mut bad = tool("t");
+        bad.input_schema = r#"{"type": 12}"#.into();
+        assert!(matches!(
+            Manifest::validate(manifest("x", vec![bad])),
+            Err(ManifestError::InvalidSchema {
+                which: "input_schema",
+                ..
+            })
+        ));
+        let mut bad = tool("t");
+        bad.effect.output_schema = Some("not json".into());
+        assert!(matches!(
+            Manifest::validate(manifest("x", vec![bad])),
+            Err(ManifestError::InvalidSchema {
+                which: "output_schema",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn statuses_classify_declaratively() {
+        let m = Manifest::validate(manifest("x", vec![tool("t")])).unwrap();
+        let statuses = &m.tools[0].effect.statuses;
+        assert_eq!(statuses.classify(201), StatusClass::Accepted);
+        assert_eq!(statuses.classify(404), StatusClass::DefinitelyRejected);
+        assert_eq!(statuses.classify(503), StatusClass::Retryable);
+        assert_eq!(statuses.classify(500), StatusClass::Unknown);
+        assert_eq!(statuses.classify(302), StatusClass::Unknown);
+    }
+
+    #[test]
+    fn body_field_pointer_sets_nested_fields() {
+        let pointer = JsonPointer::parse("/meta/idempotency_key").unwrap();
+        let mut body = serde_json::json!({"amount": 1});
+        pointer.set(&mut body, "idt_x".into()).unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!({"amount": 1, "meta": {"idempotency_key": "idt_x"}})
+        );
+        assert!(
+            pointer
+                .set(&mut serde_json::json!([1]), "k".into())
+                .is_err()
+        );
+        assert!(JsonPointer::parse("idempotency_key").is_err());
+    }
+}

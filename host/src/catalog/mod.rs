@@ -1,0 +1,169 @@
+//! Connectors, their tools, and the namespaced catalog a workspace sees.
+//!
+//! A [`Catalog`] is an immutable snapshot: every loaded component, and for each workspace the
+//! tools its connections expose, named `connector.tool`. Hot reload builds a new snapshot and
+//! swaps it in whole, so a call never sees half of a reload.
+
+mod manifest;
+mod names;
+mod sources;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use serde_json::value::RawValue;
+
+use crate::config::{ConnectionConfig, WorkspaceConfig};
+use crate::policy::VirtualKey;
+use crate::runtime::Guest;
+
+pub use manifest::{
+    ConnectorName, EffectSpec, JsonPointer, Manifest, ManifestError, Propagation, RouteKind,
+    Schema, StatusClass, StatusClasses, ToolSpec,
+};
+pub use names::ToolName;
+pub use sources::{BUNDLED, Loader, SourceError, load_connector};
+
+/// A component that loaded and whose manifest is valid.
+#[derive(Debug)]
+pub struct Connector {
+    pub manifest: Manifest,
+    pub guest: Arc<Guest>,
+}
+
+/// One callable tool of one workspace: the tool, the connector that implements it and the
+/// connection it runs on.
+#[derive(Debug)]
+pub struct Route {
+    pub name: ToolName,
+    pub connector: Arc<Connector>,
+    pub tool_index: usize,
+    pub connection: Arc<ConnectionConfig>,
+    /// The tool as `tools/list` shows it, rendered once per snapshot.
+    pub listing: Box<RawValue>,
+}
+
+impl Route {
+    pub fn tool(&self) -> &ToolSpec {
+        &self.connector.manifest.tools[self.tool_index]
+    }
+}
+
+/// What one workspace can reach, by namespaced name (sorted, so listings are stable).
+#[derive(Debug, Default)]
+pub struct WorkspaceCatalog {
+    pub routes: BTreeMap<String, Arc<Route>>,
+}
+
+/// An immutable snapshot of everything loaded.
+#[derive(Debug, Default)]
+pub struct Catalog {
+    pub connectors: BTreeMap<ConnectorName, Arc<Connector>>,
+    pub workspaces: HashMap<String, WorkspaceCatalog>,
+    /// Problems found while building this snapshot, for the operator.
+    pub problems: Vec<String>,
+}
+
+impl Catalog {
+    pub fn build(connectors: Vec<Arc<Connector>>, workspaces: &[WorkspaceConfig]) -> Catalog {
+        let mut catalog = Catalog::default();
+        for connector in connectors {
+            let name = connector.manifest.name.clone();
+            if catalog.connectors.contains_key(&name) {
+                catalog.problems.push(format!(
+                    "connector {name:?} is provided by two components; keeping the first ({})",
+                    catalog.connectors[&name].guest.digest
+                ));
+                continue;
+            }
+            catalog.connectors.insert(name, connector);
+        }
+        for workspace in workspaces {
+            let mut routes = BTreeMap::new();
+            for connection in &workspace.connections {
+                let connection = Arc::new(connection.clone());
+                let Some(connector) = ConnectorName::parse(&connection.connector)
+                    .ok()
+                    .and_then(|name| catalog.connectors.get(&name))
+                else {
+                    catalog.problems.push(format!(
+                        "workspace {:?}: connection {:?} names connector {:?}, which is not loaded",
+                        workspace.id, connection.id, connection.connector
+                    ));
+                    continue;
+                };
+                for (tool_index, tool) in connector.manifest.tools.iter().enumerate() {
+                    let name = ToolName::new(&connector.manifest.name, &tool.upstream_name);
+                    let listing = render_listing(&name, tool);
+                    routes.insert(
+                        name.as_str().to_owned(),
+                        Arc::new(Route {
+                            name,
+                            connector: Arc::clone(connector),
+                            tool_index,
+                            connection: Arc::clone(&connection),
+                            listing,
+                        }),
+                    );
+                }
+            }
+            catalog
+                .workspaces
+                .insert(workspace.id.clone(), WorkspaceCatalog { routes });
+        }
+        catalog
+    }
+
+    /// The route for a namespaced name in a workspace, if there is one.
+    pub fn route(&self, workspace: &str, name: &str) -> Option<&Arc<Route>> {
+        self.workspaces.get(workspace)?.routes.get(name)
+    }
+
+    /// The `tools/list` result for a key, as JSON text: its workspace's tools that its globs
+    /// allow, joined from the listings rendered when the snapshot was built (a listing is
+    /// never re-serialized per request).
+    pub fn listing(&self, key: &VirtualKey) -> String {
+        let mut tools = String::from("{\"tools\":[");
+        if let Some(workspace) = self.workspaces.get(&key.workspace) {
+            for (name, route) in &workspace.routes {
+                if key.allows(name) {
+                    if !tools.ends_with('[') {
+                        tools.push(',');
+                    }
+                    tools.push_str(route.listing.get());
+                }
+            }
+        }
+        tools.push_str("]}");
+        tools
+    }
+
+    /// A digest of everything a client could observe in a listing, to tell whether a reload
+    /// changed anything.
+    pub fn fingerprint(&self) -> Vec<(String, String)> {
+        let mut seen: Vec<(String, String)> = self
+            .connectors
+            .values()
+            .map(|c| (c.manifest.name.to_string(), c.guest.digest.clone()))
+            .collect();
+        seen.sort();
+        seen
+    }
+}
+
+fn render_listing(name: &ToolName, tool: &ToolSpec) -> Box<RawValue> {
+    let effect = &tool.effect;
+    let mut listing = serde_json::json!({
+        "name": name.as_str(),
+        "description": tool.description,
+        "inputSchema": tool.input_schema.source,
+        "annotations": {
+            "destructiveHint": effect.destructive,
+            "openWorldHint": true,
+        },
+    });
+    if let Some(schema) = &effect.output_schema {
+        listing["outputSchema"] = schema.source.clone();
+    }
+    RawValue::from_string(listing.to_string()).expect("serde_json renders valid JSON")
+}

@@ -1,0 +1,189 @@
+//! Where components come from: bundled first-party connectors, configured paths, and every
+//! `.wasm` in the connectors directory (hot-loaded).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use super::{Connector, Manifest, ManifestError};
+use crate::config::ComponentSource;
+use crate::runtime::{LoadError, Runtime};
+
+/// The first-party connectors compiled into the binary by `build.rs`, by connector name.
+pub const BUNDLED: &[(&str, &[u8])] = &[
+    ("stripe", include_bytes!(env!("OBOL_GUEST_PAYMENTS"))),
+    ("tracker", include_bytes!(env!("OBOL_GUEST_TRACKER"))),
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error("{path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("no bundled connector is named {0:?} (bundled: stripe, tracker)")]
+    UnknownBundled(String),
+    #[error("{origin}: {source}")]
+    Load { origin: String, source: LoadError },
+    #[error("{origin}: invalid manifest: {source}")]
+    Manifest {
+        origin: String,
+        source: ManifestError,
+    },
+}
+
+/// Loads components, remembering what it loaded by digest so a reload recompiles nothing
+/// that did not change, and by origin so a broken replacement keeps the last good version.
+pub struct Loader {
+    runtime: Arc<Runtime>,
+    sources: Vec<ComponentSource>,
+    dir: Option<PathBuf>,
+    by_digest: Mutex<HashMap<String, Arc<Connector>>>,
+    last_good: Mutex<HashMap<String, Arc<Connector>>>,
+}
+
+impl std::fmt::Debug for Loader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Loader")
+            .field("sources", &self.sources)
+            .field("dir", &self.dir)
+            .finish()
+    }
+}
+
+impl Loader {
+    pub fn new(
+        runtime: Arc<Runtime>,
+        sources: Vec<ComponentSource>,
+        dir: Option<PathBuf>,
+    ) -> Loader {
+        Loader {
+            runtime,
+            sources,
+            dir,
+            by_digest: Mutex::default(),
+            last_good: Mutex::default(),
+        }
+    }
+
+    /// Loads the configured sources; any failure is fatal, since the operator named them.
+    pub fn load_configured(&self) -> Result<Vec<Arc<Connector>>, SourceError> {
+        self.sources
+            .iter()
+            .map(|source| self.load_source(source))
+            .collect()
+    }
+
+    /// Loads everything for a (re)build of the catalog. Failures are reported, not fatal: a
+    /// component that loaded before stays as it was.
+    pub fn load_all(&self) -> (Vec<Arc<Connector>>, Vec<String>) {
+        let mut connectors = Vec::new();
+        let mut problems = Vec::new();
+        let mut origins: Vec<(String, Result<Arc<Connector>, SourceError>)> = self
+            .sources
+            .iter()
+            .map(|s| (origin_of(s), self.load_source(s)))
+            .collect();
+        if let Some(dir) = &self.dir {
+            match wasm_files(dir) {
+                Ok(paths) => origins.extend(paths.into_iter().map(|path| {
+                    let source = ComponentSource::Path(path);
+                    (origin_of(&source), self.load_source(&source))
+                })),
+                Err(error) => problems.push(format!("{}: {error}", dir.display())),
+            }
+        }
+        let mut last_good = self.last_good.lock().expect("loader lock");
+        for (origin, result) in origins {
+            match result {
+                Ok(connector) => {
+                    last_good.insert(origin, Arc::clone(&connector));
+                    connectors.push(connector);
+                }
+                Err(error) => {
+                    problems.push(error.to_string());
+                    if let Some(previous) = last_good.get(&origin) {
+                        connectors.push(Arc::clone(previous));
+                    }
+                }
+            }
+        }
+        (connectors, problems)
+    }
+
+    fn load_source(&self, source: &ComponentSource) -> Result<Arc<Connector>, SourceError> {
+        let origin = origin_of(source);
+        match source {
+            ComponentSource::Bundled(name) => {
+                let (_, bytes) = BUNDLED
+                    .iter()
+                    .find(|(bundled, _)| bundled == name)
+                    .ok_or_else(|| SourceError::UnknownBundled(name.clone()))?;
+                self.load_bytes(&origin, bytes)
+            }
+            ComponentSource::Path(path) => {
+                let bytes = std::fs::read(path).map_err(|source| SourceError::Read {
+                    path: path.clone(),
+                    source,
+                })?;
+                self.load_bytes(&origin, &bytes)
+            }
+        }
+    }
+
+    pub fn load_bytes(&self, origin: &str, bytes: &[u8]) -> Result<Arc<Connector>, SourceError> {
+        let digest = sha256_hex(bytes);
+        if let Some(loaded) = self.by_digest.lock().expect("loader lock").get(&digest) {
+            return Ok(Arc::clone(loaded));
+        }
+        let connector = load_connector(&self.runtime, origin, bytes)?;
+        let connector = Arc::new(connector);
+        self.by_digest
+            .lock()
+            .expect("loader lock")
+            .insert(digest, Arc::clone(&connector));
+        Ok(connector)
+    }
+}
+
+/// Compiles, links and validates one component.
+pub fn load_connector(
+    runtime: &Runtime,
+    origin: &str,
+    bytes: &[u8],
+) -> Result<Connector, SourceError> {
+    let (guest, raw) = runtime.load(bytes).map_err(|source| SourceError::Load {
+        origin: origin.to_owned(),
+        source,
+    })?;
+    let manifest = Manifest::validate(raw).map_err(|source| SourceError::Manifest {
+        origin: origin.to_owned(),
+        source,
+    })?;
+    Ok(Connector {
+        manifest,
+        guest: Arc::new(guest),
+    })
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(bytes))
+}
+
+fn origin_of(source: &ComponentSource) -> String {
+    match source {
+        ComponentSource::Bundled(name) => format!("bundled:{name}"),
+        ComponentSource::Path(path) => path.display().to_string(),
+    }
+}
+
+fn wasm_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|path| path.extension().is_some_and(|ext| ext == "wasm") && path.is_file())
+        .collect();
+    paths.sort();
+    Ok(paths)
+}

@@ -1,0 +1,522 @@
+//! The operator's configuration file (`obol.toml`), parsed into values that are valid by
+//! construction: a config that loads describes a gateway that can start.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::policy::{KeyHash, ToolGlob};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: {source}")]
+    Syntax {
+        path: PathBuf,
+        source: Box<toml::de::Error>,
+    },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// The whole gateway configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: SocketAddr,
+    /// Browser origins allowed to call `/mcp`; requests without an `Origin` header (non-browser
+    /// clients) are always accepted.
+    pub allowed_origins: Vec<String>,
+    pub runtime: RuntimeConfig,
+    pub components: Vec<ComponentSource>,
+    pub connectors_dir: Option<PathBuf>,
+    pub reload_interval: Option<Duration>,
+    pub outbound: OutboundConfig,
+    pub workspaces: Vec<WorkspaceConfig>,
+    pub keys: Vec<KeyConfig>,
+    /// Serve the bundled sandbox vendor on this address (the README's offline demo).
+    pub sandbox: Option<SocketAddr>,
+}
+
+/// Limits applied to every guest call.
+#[derive(Debug, Clone)]
+pub struct RuntimeConfig {
+    pub memory_limit_bytes: usize,
+    pub call_deadline: Duration,
+    pub max_output_bytes: usize,
+    /// Where compiled components are cached, keyed by their sha256.
+    pub cache_dir: Option<PathBuf>,
+    /// How many guest calls may run at once (each holds one pooled instance slot).
+    pub max_concurrent_calls: u32,
+}
+
+#[derive(Debug, Clone)]
+pub struct OutboundConfig {
+    pub connect_timeout: Duration,
+    pub request_timeout: Duration,
+    pub max_response_bytes: usize,
+}
+
+/// Where a component's bytes come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ComponentSource {
+    /// One of the first-party connectors compiled into the binary (`bundled:stripe`).
+    Bundled(String),
+    Path(PathBuf),
+}
+
+#[derive(Debug, Clone)]
+pub struct WorkspaceConfig {
+    pub id: String,
+    pub connections: Vec<ConnectionConfig>,
+}
+
+/// A connector bound to a vendor account inside a workspace.
+#[derive(Debug, Clone)]
+pub struct ConnectionConfig {
+    pub id: String,
+    /// The connector's manifest name, which is also the tool prefix.
+    pub connector: String,
+    pub base_url: BaseUrl,
+    pub settings: BTreeMap<String, String>,
+    pub secret: Option<SecretRef>,
+}
+
+/// Where a connection's vendor credential lives. The value itself is read only by the
+/// outbound hop and never stored in the config.
+#[derive(Debug, Clone)]
+pub struct SecretRef {
+    pub source: SecretSource,
+    /// The header that carries the credential, `Authorization` by default.
+    pub header: String,
+    /// Prepended to the value with a space, e.g. `Bearer`.
+    pub scheme: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub enum SecretSource {
+    Env(String),
+    File(PathBuf),
+}
+
+/// A parsed `scheme://host[:port][/path]` with no user info, query or fragment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BaseUrl {
+    url: reqwest::Url,
+}
+
+impl BaseUrl {
+    pub fn parse(text: &str) -> Result<BaseUrl, String> {
+        let url = reqwest::Url::parse(text).map_err(|e| format!("{text:?} is not a URL: {e}"))?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(format!("{text:?} must be http or https"));
+        }
+        if url.host().is_none() {
+            return Err(format!("{text:?} has no host"));
+        }
+        if !url.username().is_empty() || url.password().is_some() {
+            return Err(format!(
+                "base_url must not carry credentials; use a secret reference ({})",
+                url.host_str().unwrap_or_default()
+            ));
+        }
+        if url.query().is_some() || url.fragment().is_some() {
+            return Err(format!("{text:?} must not have a query or fragment"));
+        }
+        Ok(BaseUrl { url })
+    }
+
+    pub fn as_str(&self) -> &str {
+        self.url.as_str().trim_end_matches('/')
+    }
+
+    pub fn origin(&self) -> reqwest::Url {
+        let mut origin = self.url.clone();
+        origin.set_path("/");
+        origin
+    }
+
+    pub fn url(&self) -> &reqwest::Url {
+        &self.url
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct KeyConfig {
+    pub name: String,
+    pub hash: KeyHash,
+    pub workspace: String,
+    pub environment: String,
+    pub allowed_tools: Vec<ToolGlob>,
+}
+
+// --- The file format. Private: everything above is what the rest of the gateway sees. -------
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default)]
+    server: ServerFile,
+    #[serde(default)]
+    runtime: RuntimeFile,
+    #[serde(default)]
+    outbound: OutboundFile,
+    #[serde(default)]
+    connectors: ConnectorsFile,
+    #[serde(default)]
+    sandbox: Option<SandboxFile>,
+    #[serde(default)]
+    workspaces: Vec<WorkspaceFile>,
+    #[serde(default)]
+    keys: Vec<KeyFile>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ServerFile {
+    #[serde(default = "default_listen")]
+    listen: SocketAddr,
+    #[serde(default)]
+    allowed_origins: Option<Vec<String>>,
+}
+
+impl Default for ServerFile {
+    fn default() -> Self {
+        ServerFile {
+            listen: default_listen(),
+            allowed_origins: None,
+        }
+    }
+}
+
+fn default_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 8780))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RuntimeFile {
+    memory_limit_mib: Option<usize>,
+    call_deadline_ms: Option<u64>,
+    max_output_kib: Option<usize>,
+    cache_dir: Option<PathBuf>,
+    max_concurrent_calls: Option<u32>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct OutboundFile {
+    connect_timeout_ms: Option<u64>,
+    request_timeout_ms: Option<u64>,
+    max_response_kib: Option<usize>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ConnectorsFile {
+    #[serde(default)]
+    components: Vec<String>,
+    dir: Option<PathBuf>,
+    reload_interval_ms: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SandboxFile {
+    listen: SocketAddr,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WorkspaceFile {
+    id: String,
+    #[serde(default)]
+    connections: Vec<ConnectionFile>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConnectionFile {
+    id: String,
+    connector: String,
+    base_url: String,
+    #[serde(default)]
+    settings: BTreeMap<String, String>,
+    secret: Option<SecretFile>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SecretFile {
+    env: Option<String>,
+    file: Option<PathBuf>,
+    header: Option<String>,
+    scheme: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KeyFile {
+    name: String,
+    /// `sha256:<hex>` of the key's token; `obol keys hash TOKEN` prints it.
+    hash: String,
+    workspace: String,
+    environment: String,
+    #[serde(default)]
+    allowed_tools: Vec<String>,
+    #[serde(default)]
+    tools_mode: Option<String>,
+}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        Config::parse(&text, base).map_err(|e| match e {
+            ConfigError::Syntax { source, .. } => ConfigError::Syntax {
+                path: path.to_owned(),
+                source,
+            },
+            other => other,
+        })
+    }
+
+    /// Parses a config; relative paths are resolved against `base`.
+    pub fn parse(text: &str, base: &Path) -> Result<Config, ConfigError> {
+        let file: File = toml::from_str(text).map_err(|source| ConfigError::Syntax {
+            path: PathBuf::new(),
+            source: Box::new(source),
+        })?;
+        let invalid = |message: String| ConfigError::Invalid(message);
+        let resolve = |p: &Path| {
+            if p.is_absolute() {
+                p.to_owned()
+            } else {
+                base.join(p)
+            }
+        };
+
+        let components = file
+            .connectors
+            .components
+            .iter()
+            .map(|entry| match entry.strip_prefix("bundled:") {
+                Some(name) => Ok(ComponentSource::Bundled(name.to_owned())),
+                None if entry.is_empty() => Err(invalid("an empty component path".into())),
+                None => Ok(ComponentSource::Path(resolve(Path::new(entry)))),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+
+        let mut workspaces = Vec::new();
+        for workspace in file.workspaces {
+            if workspace.id.is_empty() {
+                return Err(invalid("a workspace id must not be empty".into()));
+            }
+            if workspaces
+                .iter()
+                .any(|w: &WorkspaceConfig| w.id == workspace.id)
+            {
+                return Err(invalid(format!(
+                    "workspace {:?} is defined twice",
+                    workspace.id
+                )));
+            }
+            let mut connections: Vec<ConnectionConfig> = Vec::new();
+            for connection in workspace.connections {
+                let base_url = BaseUrl::parse(&connection.base_url).map_err(|e| {
+                    invalid(format!("connection {:?}: base_url {e}", connection.id))
+                })?;
+                // One connection per connector in a workspace: the tool prefix is the
+                // connector's name, so a second connection would make names ambiguous.
+                if let Some(existing) = connections
+                    .iter()
+                    .find(|c| c.connector == connection.connector || c.id == connection.id)
+                {
+                    return Err(invalid(format!(
+                        "workspace {:?}: connections {:?} and {:?} clash (ids and connectors must be unique in a workspace)",
+                        workspace.id, existing.id, connection.id
+                    )));
+                }
+                let secret = connection
+                    .secret
+                    .map(|s| {
+                        let source = match (s.env, s.file) {
+                            (Some(var), None) => SecretSource::Env(var),
+                            (None, Some(path)) => SecretSource::File(resolve(&path)),
+                            _ => {
+                                return Err(invalid(format!(
+                                    "connection {:?}: a secret names exactly one of `env` or `file`",
+                                    connection.id
+                                )));
+                            }
+                        };
+                        Ok(SecretRef {
+                            source,
+                            header: s.header.unwrap_or_else(|| "Authorization".into()),
+                            scheme: s.scheme,
+                        })
+                    })
+                    .transpose()?;
+                connections.push(ConnectionConfig {
+                    id: connection.id,
+                    connector: connection.connector,
+                    base_url,
+                    settings: connection.settings,
+                    secret,
+                });
+            }
+            workspaces.push(WorkspaceConfig {
+                id: workspace.id,
+                connections,
+            });
+        }
+
+        let mut keys: Vec<KeyConfig> = Vec::new();
+        for key in file.keys {
+            let hash = KeyHash::parse(&key.hash)
+                .map_err(|e| invalid(format!("key {:?}: {e}", key.name)))?;
+            if keys.iter().any(|k| k.hash == hash) {
+                return Err(invalid(format!(
+                    "key {:?} repeats another key's hash",
+                    key.name
+                )));
+            }
+            if !workspaces.iter().any(|w| w.id == key.workspace) {
+                return Err(invalid(format!(
+                    "key {:?} names unknown workspace {:?}",
+                    key.name, key.workspace
+                )));
+            }
+            match key.tools_mode.as_deref() {
+                None | Some("full") => {}
+                Some("progressive") => {
+                    return Err(invalid(format!(
+                        "key {:?}: tools_mode \"progressive\" is not available yet; use \"full\"",
+                        key.name
+                    )));
+                }
+                Some(other) => {
+                    return Err(invalid(format!(
+                        "key {:?}: unknown tools_mode {other:?} (expected \"full\")",
+                        key.name
+                    )));
+                }
+            }
+            let allowed_tools = key
+                .allowed_tools
+                .iter()
+                .map(|g| ToolGlob::parse(g))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| invalid(format!("key {:?}: {e}", key.name)))?;
+            keys.push(KeyConfig {
+                name: key.name,
+                hash,
+                workspace: key.workspace,
+                environment: key.environment,
+                allowed_tools,
+            });
+        }
+
+        let ms = Duration::from_millis;
+        Ok(Config {
+            listen: file.server.listen,
+            allowed_origins: file.server.allowed_origins.unwrap_or_default(),
+            runtime: RuntimeConfig {
+                memory_limit_bytes: file.runtime.memory_limit_mib.unwrap_or(64) << 20,
+                call_deadline: ms(file.runtime.call_deadline_ms.unwrap_or(2_000)),
+                max_output_bytes: file.runtime.max_output_kib.unwrap_or(4 * 1024) << 10,
+                cache_dir: file.runtime.cache_dir.map(|p| resolve(&p)),
+                max_concurrent_calls: file.runtime.max_concurrent_calls.unwrap_or(64),
+            },
+            components,
+            connectors_dir: file.connectors.dir.map(|p| resolve(&p)),
+            reload_interval: file.connectors.reload_interval_ms.map(ms),
+            outbound: OutboundConfig {
+                connect_timeout: ms(file.outbound.connect_timeout_ms.unwrap_or(5_000)),
+                request_timeout: ms(file.outbound.request_timeout_ms.unwrap_or(30_000)),
+                max_response_bytes: file.outbound.max_response_kib.unwrap_or(4 * 1024) << 10,
+            },
+            workspaces,
+            keys,
+            sandbox: file.sandbox.map(|s| s.listen),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, String> {
+        Config::parse(text, Path::new("/etc/obol")).map_err(|e| e.to_string())
+    }
+
+    const KEY: &str = "sha256:2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae";
+
+    #[test]
+    fn progressive_mode_is_refused_with_a_clear_error() {
+        let err = parse(&format!(
+            r#"
+            [[workspaces]]
+            id = "acme"
+            [[keys]]
+            name = "k"
+            hash = "{KEY}"
+            workspace = "acme"
+            environment = "dev"
+            tools_mode = "progressive"
+            "#
+        ))
+        .unwrap_err();
+        assert!(err.contains("progressive"), "{err}");
+        assert!(err.contains("not available"), "{err}");
+    }
+
+    #[test]
+    fn a_base_url_with_credentials_is_refused_without_echoing_them() {
+        let err = parse(
+            r#"
+            [[workspaces]]
+            id = "acme"
+            [[workspaces.connections]]
+            id = "c"
+            connector = "stripe"
+            base_url = "https://user:hunter2@api.example.com"
+            "#,
+        )
+        .unwrap_err();
+        assert!(err.contains("must not carry credentials"), "{err}");
+        assert!(!err.contains("hunter2"), "{err}");
+    }
+
+    #[test]
+    fn unknown_fields_and_workspaces_are_errors() {
+        assert!(parse("[server]\nlisten = \"127.0.0.1:1\"\nbogus = 1").is_err());
+        let err = parse(&format!(
+            "[[keys]]\nname = \"k\"\nhash = \"{KEY}\"\nworkspace = \"nope\"\nenvironment = \"dev\""
+        ))
+        .unwrap_err();
+        assert!(err.contains("unknown workspace"), "{err}");
+    }
+
+    #[test]
+    fn relative_paths_resolve_against_the_config_file() {
+        let config = parse("[connectors]\ncomponents = [\"x.wasm\", \"bundled:stripe\"]").unwrap();
+        assert_eq!(
+            config.components,
+            vec![
+                ComponentSource::Path(PathBuf::from("/etc/obol/x.wasm")),
+                ComponentSource::Bundled("stripe".into()),
+            ]
+        );
+    }
+}

@@ -1,0 +1,162 @@
+//! The running gateway: shared state, startup, hot reload and the HTTP server.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, RwLock};
+
+use tokio::net::TcpListener;
+use tokio::sync::broadcast;
+
+use crate::catalog::{Catalog, Loader};
+use crate::config::{Config, WorkspaceConfig};
+use crate::invoke::Services;
+use crate::mcp::{self, SessionId, Sessions};
+use crate::outbound::Outbound;
+use crate::policy::{KeyHash, KeyTable, VirtualKey};
+use crate::runtime::Runtime;
+
+/// Something every open GET stream may need to hear about.
+#[derive(Debug, Clone)]
+pub enum Event {
+    CatalogChanged,
+    SessionClosed(SessionId),
+}
+
+pub struct Gateway {
+    pub keys: KeyTable,
+    pub sessions: Sessions,
+    pub services: Services,
+    catalog: RwLock<Arc<Catalog>>,
+    loader: Loader,
+    workspaces: Vec<WorkspaceConfig>,
+    allowed_origins: Vec<String>,
+    events: broadcast::Sender<Event>,
+}
+
+impl std::fmt::Debug for Gateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gateway").finish_non_exhaustive()
+    }
+}
+
+impl Gateway {
+    /// Builds the gateway: compiles every configured component (failing on any that does not
+    /// load, since the operator named it) and the first catalog snapshot.
+    pub fn new(config: &Config) -> anyhow::Result<Gateway> {
+        let runtime = Arc::new(Runtime::new(config.runtime.clone())?);
+        let loader = Loader::new(
+            Arc::clone(&runtime),
+            config.components.clone(),
+            config.connectors_dir.clone(),
+        );
+        loader.load_configured()?;
+        let (connectors, problems) = loader.load_all();
+        let catalog = Catalog::build(connectors, &config.workspaces);
+        for problem in problems.iter().chain(&catalog.problems) {
+            tracing::warn!("{problem}");
+        }
+        let (events, _) = broadcast::channel(64);
+        Ok(Gateway {
+            keys: KeyTable::new(&config.keys),
+            sessions: Sessions::default(),
+            services: Services {
+                runtime,
+                outbound: Outbound::new(&config.outbound)?,
+            },
+            catalog: RwLock::new(Arc::new(catalog)),
+            loader,
+            workspaces: config.workspaces.clone(),
+            allowed_origins: config.allowed_origins.clone(),
+            events,
+        })
+    }
+
+    /// The current snapshot; a call keeps the one it started with.
+    pub fn catalog(&self) -> Arc<Catalog> {
+        Arc::clone(&self.catalog.read().expect("catalog lock"))
+    }
+
+    /// Rebuilds the catalog from every source and swaps it in when something changed.
+    /// Returns whether it changed.
+    pub fn reload(&self) -> bool {
+        let (connectors, problems) = self.loader.load_all();
+        let next = Catalog::build(connectors, &self.workspaces);
+        for problem in problems.iter().chain(&next.problems) {
+            tracing::warn!("reload: {problem}");
+        }
+        let changed = next.fingerprint() != self.catalog().fingerprint();
+        if changed {
+            *self.catalog.write().expect("catalog lock") = Arc::new(next);
+            tracing::info!("catalog changed; notifying sessions");
+            let _ = self.events.send(Event::CatalogChanged);
+        }
+        changed
+    }
+
+    pub fn subscribe(&self) -> broadcast::Receiver<Event> {
+        self.events.subscribe()
+    }
+
+    pub fn close_session(&self, id: &SessionId, key: KeyHash) -> bool {
+        let closed = self.sessions.close(id, key);
+        if closed {
+            let _ = self.events.send(Event::SessionClosed(id.clone()));
+        }
+        closed
+    }
+
+    /// `tools/list` for a key, from the current snapshot.
+    pub fn list_tools(&self, key: &VirtualKey) -> String {
+        self.catalog().listing(key)
+    }
+
+    /// Browsers may call `/mcp` only from an allowed origin; loopback origins are allowed
+    /// unless the operator lists origins explicitly.
+    pub fn origin_allowed(&self, origin: &str) -> bool {
+        if !self.allowed_origins.is_empty() {
+            return self.allowed_origins.iter().any(|allowed| allowed == origin);
+        }
+        let Ok(url) = reqwest::Url::parse(origin) else {
+            return false;
+        };
+        matches!(url.scheme(), "http" | "https")
+            && matches!(
+                url.host(),
+                Some(url::Host::Domain("localhost"))
+                    | Some(url::Host::Ipv4(std::net::Ipv4Addr::LOCALHOST))
+                    | Some(url::Host::Ipv6(std::net::Ipv6Addr::LOCALHOST))
+            )
+    }
+}
+
+/// Runs the gateway on `listener` until the process is stopped.
+pub async fn serve(config: Config, listener: TcpListener) -> anyhow::Result<()> {
+    let gateway = Arc::new(tokio::task::block_in_place(|| Gateway::new(&config))?);
+    if let Some(interval) = config.reload_interval {
+        let watcher = Arc::clone(&gateway);
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(interval);
+            ticks.tick().await;
+            loop {
+                ticks.tick().await;
+                let gateway = Arc::clone(&watcher);
+                let _ = tokio::task::spawn_blocking(move || gateway.reload()).await;
+            }
+        });
+    }
+    let app = mcp::router(Arc::clone(&gateway));
+    let address: SocketAddr = listener.local_addr()?;
+    let catalog = gateway.catalog();
+    tracing::info!(
+        %address,
+        connectors = catalog.connectors.len(),
+        "obol is serving /mcp"
+    );
+    // Tests and scripts read this line to learn the port.
+    println!("obol listening on http://{address}/mcp");
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await?;
+    Ok(())
+}

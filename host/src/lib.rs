@@ -1,0 +1,27 @@
+//! Obol: one MCP endpoint in front of many WebAssembly connectors.
+//!
+//! The modules, in the order a `tools/call` meets them:
+//!
+//! - [`mcp`]: the `/mcp` Streamable HTTP transport, sessions, JSON-RPC dispatch.
+//! - [`policy`]: virtual keys and what each may list and call.
+//! - [`catalog`]: connectors, their validated manifests, `connector.tool` names, snapshots.
+//! - [`idempotency`]: idempotency keys and canonical request hashes.
+//! - [`invoke`]: the invocation lifecycle, one function read top to bottom.
+//! - [`runtime`]: the wasmtime sandbox a connector's `prepare` and `interpret` run in.
+//! - [`outbound`]: the one place a request leaves the gateway.
+//! - [`error`]: the one error enum and its rendering to JSON-RPC codes and HTTP statuses.
+//!
+//! Around them: [`config`] (the operator's file), [`gateway`] (shared state, hot reload, the
+//! server) and [`sandbox`] (a local stand-in vendor for trying Obol offline).
+
+pub mod catalog;
+pub mod config;
+pub mod error;
+pub mod gateway;
+pub mod idempotency;
+pub mod invoke;
+pub mod mcp;
+pub mod outbound;
+pub mod policy;
+pub mod runtime;
+pub mod sandbox;

@@ -1,0 +1,145 @@
+//! The `obol` command: `serve`, `check`, `keys hash`.
+
+use std::io::Read;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use obol::catalog::load_connector;
+use obol::config::{Config, RuntimeConfig};
+use obol::policy::KeyHash;
+use obol::runtime::Runtime;
+
+#[derive(Parser)]
+#[command(
+    name = "obol",
+    version,
+    about = "An MCP gateway for WebAssembly connectors"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the gateway.
+    Serve {
+        /// The configuration file.
+        #[arg(long, default_value = "examples/obol.toml")]
+        config: PathBuf,
+        /// Listen here instead of the configured address (port 0 picks a free port).
+        #[arg(long)]
+        listen: Option<SocketAddr>,
+    },
+    /// Validate a connector component and print its manifest.
+    Check {
+        /// The component (.wasm) to check.
+        component: PathBuf,
+    },
+    /// Manage virtual keys.
+    Keys {
+        #[command(subcommand)]
+        command: KeysCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum KeysCommand {
+    /// Print the `sha256:…` form of a key's token for the config (reads stdin without TOKEN).
+    Hash { token: Option<String> },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("OBOL_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run(cli.command) {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("obol: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(command: Command) -> anyhow::Result<ExitCode> {
+    match command {
+        Command::Serve { config, listen } => {
+            let mut config = Config::load(&config)?;
+            if let Some(listen) = listen {
+                config.listen = listen;
+            }
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            runtime.block_on(async {
+                if let Some(address) = config.sandbox {
+                    let bound = obol::sandbox::spawn(address).await?;
+                    eprintln!("sandbox vendor on http://{bound}");
+                }
+                let listener = tokio::net::TcpListener::bind(config.listen).await?;
+                obol::gateway::serve(config, listener).await
+            })?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Check { component } => {
+            let bytes = std::fs::read(&component)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", component.display()))?;
+            let runtime = Runtime::new(RuntimeConfig {
+                memory_limit_bytes: 64 << 20,
+                call_deadline: std::time::Duration::from_secs(2),
+                max_output_bytes: 4 << 20,
+                cache_dir: None,
+                max_concurrent_calls: 1,
+            })?;
+            match load_connector(&runtime, &component.display().to_string(), &bytes) {
+                Ok(connector) => {
+                    let m = &connector.manifest;
+                    println!(
+                        "{} {} (sha256 {})",
+                        m.name, m.version, connector.guest.digest
+                    );
+                    for tool in &m.tools {
+                        let e = &tool.effect;
+                        println!(
+                            "  {}.{}  route={:?} destructive={} propagation={} output_schema={}",
+                            m.name,
+                            tool.upstream_name,
+                            e.route,
+                            e.destructive,
+                            e.propagation.label(),
+                            e.output_schema.is_some()
+                        );
+                    }
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(error) => {
+                    eprintln!("obol check: {error}");
+                    Ok(ExitCode::from(2))
+                }
+            }
+        }
+        Command::Keys {
+            command: KeysCommand::Hash { token },
+        } => {
+            let token = match token {
+                Some(token) => token,
+                None => {
+                    let mut text = String::new();
+                    std::io::stdin().read_to_string(&mut text)?;
+                    text.trim().to_owned()
+                }
+            };
+            println!("{}", KeyHash::of_token(&token));
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}

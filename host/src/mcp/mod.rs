@@ -1,0 +1,472 @@
+//! `/mcp`: the Streamable HTTP transport, sessions, JSON-RPC dispatch and error rendering.
+//!
+//! A POST is checked in the order a request meets the gateway: origin (403), credentials
+//! (401), `Accept` (406), `Content-Type` (415), size (413, refused before the body is
+//! buffered), JSON (-32700), JSON-RPC shape (-32600), protocol version (400), session (400 /
+//! 404). Only then does a method run. Every response is SSE and carries `MCP-Protocol-Version`;
+//! `docs/transport.md` is the status matrix.
+
+mod session;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::any;
+use futures_util::StreamExt;
+use serde_json::{Map, Value, json};
+
+use crate::error::ObolError;
+use crate::gateway::{Event, Gateway};
+use crate::invoke::{self, CallRequest};
+use crate::policy::VirtualKey;
+
+pub use session::{Session, SessionId, Sessions};
+
+/// Bodies larger than this are refused before they are read (spec: "capped at 8 MiB").
+pub const MAX_BODY_BYTES: usize = 8 << 20;
+/// Protocol versions echoed back by `initialize`; anything else gets the latest.
+pub const SUPPORTED_VERSIONS: [&str; 4] = ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
+pub const LATEST_VERSION: &str = "2025-11-25";
+
+const SESSION_HEADER: &str = "mcp-session-id";
+const VERSION_HEADER: &str = "mcp-protocol-version";
+const KEEPALIVE: Duration = Duration::from_secs(15);
+
+pub fn router(gateway: Arc<Gateway>) -> Router {
+    Router::new().route("/mcp", any(handle)).with_state(gateway)
+}
+
+async fn handle(
+    State(gateway): State<Arc<Gateway>>,
+    method: Method,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let version = known_version(&headers).unwrap_or(LATEST_VERSION);
+    let outcome = match method {
+        Method::POST => post(&gateway, &headers, body).await,
+        Method::GET => get(&gateway, &headers).await,
+        Method::DELETE => delete(&gateway, &headers).await,
+        _ => Ok(method_not_allowed(version)),
+    };
+    outcome.unwrap_or_else(|error| rejection(&error, Value::Null, version))
+}
+
+/// Checks that precede everything else, for every HTTP method.
+fn admit(gateway: &Gateway, headers: &HeaderMap) -> Result<Arc<VirtualKey>, ObolError> {
+    if let Some(origin) = single_header(headers, header::ORIGIN.as_str())?
+        && !gateway.origin_allowed(origin)
+    {
+        return Err(ObolError::OriginNotAllowed(origin.to_owned()));
+    }
+    let authorization = single_header(headers, header::AUTHORIZATION.as_str())
+        .map_err(|_| ObolError::Unauthenticated("the Authorization header is malformed"))?
+        .ok_or(ObolError::Unauthenticated("no Authorization header"))?;
+    let token = authorization
+        .strip_prefix("Bearer ")
+        .filter(|t| !t.is_empty() && !t.contains(' '))
+        .ok_or(ObolError::Unauthenticated(
+            "the Authorization header must be \"Bearer <key>\"",
+        ))?;
+    gateway
+        .keys
+        .authenticate(token)
+        .ok_or(ObolError::Unauthenticated("unknown key"))
+}
+
+async fn post(gateway: &Gateway, headers: &HeaderMap, body: Body) -> Result<Response, ObolError> {
+    let key = admit(gateway, headers)?;
+    if !accepts_event_stream(headers)? {
+        return Err(ObolError::NotAcceptable("text/event-stream"));
+    }
+    let content_type = single_header(headers, header::CONTENT_TYPE.as_str())?.unwrap_or("");
+    let media_type = content_type.split(';').next().unwrap_or("").trim();
+    if !media_type.eq_ignore_ascii_case("application/json") {
+        return Err(ObolError::UnsupportedMediaType);
+    }
+    let body = read_capped(headers, body).await?;
+
+    let message: Value =
+        serde_json::from_slice(&body).map_err(|e| ObolError::Parse(e.to_string()))?;
+    let message = Message::parse(message)?;
+    if let Some(presented) = single_header(headers, VERSION_HEADER)?
+        && known_version(headers).is_none()
+        && message.method() != Some("initialize")
+    {
+        return Err(ObolError::UnsupportedProtocolVersion(presented.to_owned()));
+    }
+
+    // `initialize` opens a session; `server/discover` (protocol 2026-07-28) is answered with
+    // method-not-found so that current clients fall back to `initialize`.
+    if let Message::Request { id, method, params } = &message {
+        match method.as_str() {
+            "initialize" => return Ok(initialize(gateway, &key, id.clone(), params)),
+            "server/discover" if !headers.contains_key(SESSION_HEADER) => {
+                let version = known_version(headers).unwrap_or(LATEST_VERSION);
+                return Ok(answer(
+                    StatusCode::OK,
+                    version,
+                    id.clone(),
+                    Err(ObolError::MethodNotFound),
+                ));
+            }
+            _ => {}
+        }
+    }
+
+    let session = session_of(gateway, headers, &key)?;
+    let version = session.protocol_version;
+    match message {
+        Message::Notification | Message::Reply => Ok(accepted(version)),
+        Message::Request { id, method, params } => {
+            let result = dispatch(gateway, &key, &method, params).await;
+            Ok(answer(StatusCode::OK, version, id, result))
+        }
+    }
+}
+
+async fn dispatch(
+    gateway: &Gateway,
+    key: &VirtualKey,
+    method: &str,
+    params: Map<String, Value>,
+) -> Result<Outcome, ObolError> {
+    match method {
+        "ping" => Ok(Outcome::Value(json!({}))),
+        "tools/list" => Ok(Outcome::Raw(gateway.list_tools(key))),
+        "tools/call" => {
+            let request = call_request(params)?;
+            let catalog = gateway.catalog();
+            invoke::invoke(&gateway.services, &catalog, key, request)
+                .await
+                .map(Outcome::Value)
+        }
+        _ => Err(ObolError::MethodNotFound),
+    }
+}
+
+fn call_request(mut params: Map<String, Value>) -> Result<CallRequest, ObolError> {
+    let name = match params.remove("name") {
+        Some(Value::String(name)) => name,
+        // A name that is not a string cannot name a tool; answer as for any unknown tool.
+        Some(_) => return Err(ObolError::UnknownTool),
+        None => return Err(ObolError::InvalidParams("tools/call needs a name".into())),
+    };
+    let arguments = match params.remove("arguments") {
+        None | Some(Value::Null) => Map::new(),
+        Some(Value::Object(arguments)) => arguments,
+        Some(_) => {
+            return Err(ObolError::InvalidParams(
+                "tools/call arguments must be an object".into(),
+            ));
+        }
+    };
+    Ok(CallRequest { name, arguments })
+}
+
+fn initialize(
+    gateway: &Gateway,
+    key: &VirtualKey,
+    id: Value,
+    params: &Map<String, Value>,
+) -> Response {
+    let requested = params.get("protocolVersion").and_then(Value::as_str);
+    let version = SUPPORTED_VERSIONS
+        .into_iter()
+        .find(|v| Some(*v) == requested)
+        .unwrap_or(LATEST_VERSION);
+    let session = gateway.sessions.open(key.hash, version);
+    tracing::info!(session = %session.redacted(), key = %key.name, version, "session opened");
+    let result = json!({
+        "protocolVersion": version,
+        "capabilities": { "tools": { "listChanged": true } },
+        "serverInfo": { "name": "obol", "version": env!("CARGO_PKG_VERSION") },
+        "instructions": "Tools are named connector.tool. Obol owns idempotency, retries and receipts for every call.",
+    });
+    let mut response = answer(StatusCode::OK, version, id, Ok(Outcome::Value(result)));
+    response.headers_mut().insert(
+        SESSION_HEADER,
+        HeaderValue::from_str(session.as_str()).expect("session ids are ASCII"),
+    );
+    response
+}
+
+async fn get(gateway: &Gateway, headers: &HeaderMap) -> Result<Response, ObolError> {
+    let key = admit(gateway, headers)?;
+    if !accepts_event_stream(headers)? {
+        return Err(ObolError::NotAcceptable("text/event-stream"));
+    }
+    let session = session_of(gateway, headers, &key)?;
+    let id = presented_session(headers)?.expect("session_of checked it");
+    let events = gateway.subscribe();
+    let stream =
+        futures_util::stream::unfold((events, id, false), |(mut events, id, done)| async move {
+            if done {
+                return None;
+            }
+            let frame = match tokio::time::timeout(KEEPALIVE, events.recv()).await {
+                Err(_) => ": keepalive\n\n".to_owned(),
+                Ok(Ok(Event::CatalogChanged))
+                | Ok(Err(tokio::sync::broadcast::error::RecvError::Lagged(_))) => {
+                    let note =
+                        json!({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"});
+                    format!("event: message\ndata: {note}\n\n")
+                }
+                Ok(Ok(Event::SessionClosed(closed))) if closed == id => return None,
+                Ok(Ok(Event::SessionClosed(_))) => ": \n\n".to_owned(),
+                Ok(Err(tokio::sync::broadcast::error::RecvError::Closed)) => return None,
+            };
+            Some((
+                Ok::<_, std::convert::Infallible>(frame),
+                (events, id, false),
+            ))
+        });
+    let mut response = Response::new(Body::from_stream(stream.boxed()));
+    decorate(&mut response, StatusCode::OK, session.protocol_version);
+    Ok(response)
+}
+
+async fn delete(gateway: &Gateway, headers: &HeaderMap) -> Result<Response, ObolError> {
+    let key = admit(gateway, headers)?;
+    let session = session_of(gateway, headers, &key)?;
+    let id = presented_session(headers)?.expect("session_of checked it");
+    gateway.close_session(&id, key.hash);
+    tracing::info!(session = %id.redacted(), "session closed");
+    let mut response = Response::new(Body::empty());
+    *response.status_mut() = StatusCode::OK;
+    response.headers_mut().insert(
+        VERSION_HEADER,
+        HeaderValue::from_static(session.protocol_version),
+    );
+    Ok(response)
+}
+
+/// A parsed JSON-RPC message.
+enum Message {
+    Request {
+        id: Value,
+        method: String,
+        params: Map<String, Value>,
+    },
+    Notification,
+    /// A response to a request the server sent; the gateway sends none that need one.
+    Reply,
+}
+
+impl Message {
+    fn parse(value: Value) -> Result<Message, ObolError> {
+        let Value::Object(mut object) = value else {
+            return Err(ObolError::InvalidRequest(
+                "expected a JSON-RPC object (batches are not supported)".into(),
+            ));
+        };
+        if object.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+            return Err(ObolError::InvalidRequest("jsonrpc must be \"2.0\"".into()));
+        }
+        let id = object.remove("id");
+        if let Some(id) = &id
+            && !(id.is_string() || id.is_i64() || id.is_u64())
+        {
+            return Err(ObolError::InvalidRequest(
+                "id must be a string or an integer".into(),
+            ));
+        }
+        let method = match object.remove("method") {
+            Some(Value::String(method)) => method,
+            Some(_) => return Err(ObolError::InvalidRequest("method must be a string".into())),
+            None if id.is_some()
+                && (object.contains_key("result") || object.contains_key("error")) =>
+            {
+                return Ok(Message::Reply);
+            }
+            None => return Err(ObolError::InvalidRequest("method is missing".into())),
+        };
+        let params = match object.remove("params") {
+            None | Some(Value::Null) => Map::new(),
+            Some(Value::Object(params)) => params,
+            Some(_) => return Err(ObolError::InvalidRequest("params must be an object".into())),
+        };
+        Ok(match id {
+            Some(id) => Message::Request { id, method, params },
+            None => Message::Notification,
+        })
+    }
+
+    fn method(&self) -> Option<&str> {
+        match self {
+            Message::Request { method, .. } => Some(method),
+            _ => None,
+        }
+    }
+}
+
+/// The session a request belongs to: 400 without the header, 404 for anything that is not a
+/// live session of this key.
+fn session_of(
+    gateway: &Gateway,
+    headers: &HeaderMap,
+    key: &VirtualKey,
+) -> Result<Session, ObolError> {
+    let id = presented_session(headers)?.ok_or(ObolError::SessionRequired)?;
+    gateway
+        .sessions
+        .get(&id, key.hash)
+        .ok_or(ObolError::UnknownSession)
+}
+
+fn presented_session(headers: &HeaderMap) -> Result<Option<SessionId>, ObolError> {
+    match single_header(headers, SESSION_HEADER)? {
+        None => Ok(None),
+        Some(text) => SessionId::parse(text)
+            .map(Some)
+            .ok_or(ObolError::UnknownSession),
+    }
+}
+
+/// A header that must appear at most once, as visible ASCII.
+fn single_header<'h>(
+    headers: &'h HeaderMap,
+    name: &'static str,
+) -> Result<Option<&'h str>, ObolError> {
+    let mut values = headers.get_all(name).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(ObolError::MalformedHeader {
+            header: name,
+            reason: "given more than once",
+        });
+    }
+    value
+        .to_str()
+        .map(Some)
+        .map_err(|_| ObolError::MalformedHeader {
+            header: name,
+            reason: "not visible ASCII",
+        })
+}
+
+fn accepts_event_stream(headers: &HeaderMap) -> Result<bool, ObolError> {
+    let mut accepted = false;
+    for value in headers.get_all(header::ACCEPT) {
+        let value = value.to_str().map_err(|_| ObolError::MalformedHeader {
+            header: "accept",
+            reason: "not visible ASCII",
+        })?;
+        accepted |= value.split(',').any(|range| {
+            let media = range.split(';').next().unwrap_or("").trim();
+            media.eq_ignore_ascii_case("text/event-stream") || media == "text/*" || media == "*/*"
+        });
+    }
+    Ok(accepted)
+}
+
+fn known_version(headers: &HeaderMap) -> Option<&'static str> {
+    let presented = headers.get(VERSION_HEADER)?.to_str().ok()?;
+    SUPPORTED_VERSIONS.into_iter().find(|v| *v == presented)
+}
+
+/// Reads the body, refusing it as soon as it is known to exceed the cap: from
+/// `Content-Length` before reading anything, or while streaming a chunked body.
+async fn read_capped(headers: &HeaderMap, body: Body) -> Result<Vec<u8>, ObolError> {
+    let too_large = ObolError::PayloadTooLarge {
+        limit: MAX_BODY_BYTES,
+    };
+    if let Some(length) = single_header(headers, header::CONTENT_LENGTH.as_str())? {
+        let length: u64 = length.parse().map_err(|_| ObolError::MalformedHeader {
+            header: "content-length",
+            reason: "not a number",
+        })?;
+        if length > MAX_BODY_BYTES as u64 {
+            return Err(too_large);
+        }
+    }
+    let mut stream = body.into_data_stream();
+    let mut buffer = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk =
+            chunk.map_err(|_| ObolError::InvalidRequest("the body could not be read".into()))?;
+        if buffer.len() + chunk.len() > MAX_BODY_BYTES {
+            return Err(too_large);
+        }
+        buffer.extend_from_slice(&chunk);
+    }
+    Ok(buffer)
+}
+
+/// A method's result: a value, or JSON text rendered ahead of time (tool listings).
+enum Outcome {
+    Value(Value),
+    Raw(String),
+}
+
+/// A JSON-RPC response (result or error) as one SSE event.
+fn answer(
+    status: StatusCode,
+    version: &'static str,
+    id: Value,
+    result: Result<Outcome, ObolError>,
+) -> Response {
+    let (status, message) = match result {
+        Ok(Outcome::Value(result)) => (
+            status,
+            json!({ "jsonrpc": "2.0", "id": id, "result": result }).to_string(),
+        ),
+        Ok(Outcome::Raw(result)) => (
+            status,
+            format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{result}}}"#),
+        ),
+        Err(error) => (
+            error.wire().http,
+            json!({ "jsonrpc": "2.0", "id": id, "error": error.to_jsonrpc_error() }).to_string(),
+        ),
+    };
+    let mut response = Response::new(Body::from(format!("event: message\ndata: {message}\n\n")));
+    decorate(&mut response, status, version);
+    response
+}
+
+fn rejection(error: &ObolError, id: Value, version: &'static str) -> Response {
+    let mut response = answer(StatusCode::OK, version, id, Err(error.clone()));
+    if matches!(error, ObolError::Unauthenticated(_)) {
+        response.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("Bearer realm=\"obol\""),
+        );
+    }
+    response
+}
+
+fn accepted(version: &'static str) -> Response {
+    let mut response = Response::new(Body::empty());
+    *response.status_mut() = StatusCode::ACCEPTED;
+    response
+        .headers_mut()
+        .insert(VERSION_HEADER, HeaderValue::from_static(version));
+    response
+}
+
+fn method_not_allowed(version: &'static str) -> Response {
+    let mut response = (StatusCode::METHOD_NOT_ALLOWED, "").into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::ALLOW, HeaderValue::from_static("GET, POST, DELETE"));
+    headers.insert(VERSION_HEADER, HeaderValue::from_static(version));
+    response
+}
+
+fn decorate(response: &mut Response, status: StatusCode, version: &'static str) {
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    headers.insert(VERSION_HEADER, HeaderValue::from_static(version));
+}

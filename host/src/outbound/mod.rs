@@ -1,0 +1,415 @@
+//! The outbound hop: the one place a request leaves the gateway.
+//!
+//! *Architecture Invariant:* the component proposes a request template; this module decides
+//! whether it may be sent. The URL must stay on the connection's origin, host-owned headers
+//! cannot be set by the guest, credentials are added here and only here (marked sensitive),
+//! redirects are never followed, and the response body is capped while it streams in.
+
+use std::time::Duration;
+
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method};
+
+use crate::catalog::Propagation;
+use crate::config::{BaseUrl, OutboundConfig, SecretRef, SecretSource};
+use crate::error::ObolError;
+use crate::runtime::wit;
+
+/// Headers only the host may set. A guest that sets one is refused, not silently corrected:
+/// it is either buggy or trying to smuggle something past the gateway.
+const HOST_OWNED_HEADERS: [&str; 9] = [
+    "authorization",
+    "proxy-authorization",
+    "cookie",
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "upgrade",
+    "x-obol-upstream-authorization",
+];
+
+/// A request that passed every check and carries everything the host adds.
+#[derive(Debug)]
+pub struct Prepared {
+    method: Method,
+    url: reqwest::Url,
+    headers: HeaderMap,
+    body: Option<Vec<u8>>,
+}
+
+impl Prepared {
+    /// Checks a guest's request template against the connection and adds the host's parts:
+    /// the idempotency key (as the EffectSpec propagates it) and the credential.
+    pub fn new(
+        template: wit::OutboundRequest,
+        base_url: &BaseUrl,
+        propagation: &Propagation,
+        idempotency_key: Option<&str>,
+        secret: Option<&SecretRef>,
+    ) -> Result<Prepared, ObolError> {
+        let url = reqwest::Url::parse(&template.url).map_err(|_| {
+            ObolError::InvalidOutboundRequest("the request URL does not parse".into())
+        })?;
+        if url.origin() != base_url.url().origin()
+            || !url.username().is_empty()
+            || url.password().is_some()
+        {
+            return Err(ObolError::EgressDenied);
+        }
+        let method = match template.method {
+            wit::Method::Get => Method::GET,
+            wit::Method::Post => Method::POST,
+            wit::Method::Put => Method::PUT,
+            wit::Method::Patch => Method::PATCH,
+            wit::Method::Delete => Method::DELETE,
+        };
+        let mut headers = HeaderMap::new();
+        for header in template.headers {
+            let name = HeaderName::from_bytes(header.name.as_bytes()).map_err(|_| {
+                ObolError::InvalidOutboundRequest(format!("invalid header name {:?}", header.name))
+            })?;
+            let reserved_by_spec = matches!(propagation, Propagation::Header(p) if *p == name);
+            let reserved_by_secret =
+                secret.is_some_and(|s| s.header.eq_ignore_ascii_case(name.as_str()));
+            if HOST_OWNED_HEADERS.contains(&name.as_str()) || reserved_by_spec || reserved_by_secret
+            {
+                return Err(ObolError::InvalidOutboundRequest(format!(
+                    "header {name} is set by the gateway, not the connector"
+                )));
+            }
+            let value = HeaderValue::from_str(&header.value).map_err(|_| {
+                ObolError::InvalidOutboundRequest(format!("invalid value for header {name}"))
+            })?;
+            headers.append(name, value);
+        }
+        let mut body = template.body;
+        if let Some(key) = idempotency_key {
+            match propagation {
+                Propagation::Header(name) => {
+                    let value = HeaderValue::from_str(key).map_err(|_| ObolError::Internal)?;
+                    headers.insert(name.clone(), value);
+                }
+                Propagation::BodyField(pointer) => {
+                    let mut json: serde_json::Value = body
+                        .as_deref()
+                        .and_then(|b| serde_json::from_slice(b).ok())
+                        .ok_or_else(|| {
+                            ObolError::InvalidOutboundRequest(format!(
+                                "the tool propagates the idempotency key in body field {}, but the body is not JSON",
+                                pointer.as_str()
+                            ))
+                        })?;
+                    pointer
+                        .set(&mut json, key.into())
+                        .map_err(ObolError::InvalidOutboundRequest)?;
+                    body = Some(serde_json::to_vec(&json).map_err(|_| ObolError::Internal)?);
+                }
+                Propagation::None | Propagation::Unsupported => {}
+            }
+        }
+        if let Some(secret) = secret {
+            let (name, value) = credential_header(secret)?;
+            headers.insert(name, value);
+        }
+        Ok(Prepared {
+            method,
+            url,
+            headers,
+            body,
+        })
+    }
+}
+
+/// Reads the credential and renders it as a sensitive header. Read per call, so rotating a
+/// file or variable takes effect without a restart; the value never enters an error.
+fn credential_header(secret: &SecretRef) -> Result<(HeaderName, HeaderValue), ObolError> {
+    let raw = match &secret.source {
+        SecretSource::Env(var) => std::env::var(var).ok(),
+        SecretSource::File(path) => std::fs::read_to_string(path).ok(),
+    };
+    let Some(raw) = raw.map(|v| v.trim().to_owned()).filter(|v| !v.is_empty()) else {
+        tracing::warn!(source = ?secret_label(secret), "connection credential is unavailable");
+        return Err(ObolError::CredentialUnavailable);
+    };
+    let text = match &secret.scheme {
+        Some(scheme) => format!("{scheme} {raw}"),
+        None => raw,
+    };
+    let name = HeaderName::from_bytes(secret.header.as_bytes())
+        .map_err(|_| ObolError::CredentialUnavailable)?;
+    let mut value = HeaderValue::from_str(&text).map_err(|_| ObolError::CredentialUnavailable)?;
+    value.set_sensitive(true);
+    Ok((name, value))
+}
+
+/// Names where a secret lives without revealing it.
+fn secret_label(secret: &SecretRef) -> String {
+    match &secret.source {
+        SecretSource::Env(var) => format!("env:{var}"),
+        SecretSource::File(path) => format!("file:{}", path.display()),
+    }
+}
+
+/// What came back from the vendor.
+#[derive(Debug)]
+pub struct VendorReply {
+    pub status: u16,
+    pub headers: Vec<wit::Header>,
+    pub body: Vec<u8>,
+}
+
+/// How an attempt ended, in the terms the retry rules need.
+#[derive(Debug)]
+pub enum AttemptOutcome {
+    Responded(VendorReply),
+    /// Provably nothing was sent (e.g. connection refused).
+    NotSent,
+    /// The request may have reached the vendor; its effect is unknown.
+    SentNoReply,
+    /// The vendor answered with more than the cap allows.
+    TooLarge {
+        status: u16,
+    },
+}
+
+/// The HTTP client used for every vendor.
+#[derive(Debug, Clone)]
+pub struct Outbound {
+    client: reqwest::Client,
+    max_response_bytes: usize,
+}
+
+impl Outbound {
+    pub fn new(config: &OutboundConfig) -> anyhow::Result<Outbound> {
+        let client = reqwest::Client::builder()
+            // A redirect could leave the connection's origin after the check above.
+            .redirect(reqwest::redirect::Policy::none())
+            .connect_timeout(config.connect_timeout)
+            .timeout(config.request_timeout)
+            .pool_idle_timeout(Duration::from_secs(30))
+            // The outbound hop must not pick up proxies from the environment: that would
+            // route vendor credentials through a host the operator did not name.
+            .no_proxy()
+            .build()?;
+        Ok(Outbound {
+            client,
+            max_response_bytes: config.max_response_bytes,
+        })
+    }
+
+    pub fn max_response_bytes(&self) -> usize {
+        self.max_response_bytes
+    }
+
+    /// Sends exactly one attempt.
+    pub async fn send(&self, request: Prepared) -> AttemptOutcome {
+        let mut builder = self
+            .client
+            .request(request.method, request.url)
+            .headers(request.headers);
+        if let Some(body) = request.body {
+            builder = builder.body(body);
+        }
+        let mut response = match builder.send().await {
+            Ok(response) => response,
+            Err(error) if error.is_connect() => return AttemptOutcome::NotSent,
+            Err(_) => return AttemptOutcome::SentNoReply,
+        };
+        let status = response.status().as_u16();
+        if response
+            .content_length()
+            .is_some_and(|len| len > self.max_response_bytes as u64)
+        {
+            return AttemptOutcome::TooLarge { status };
+        }
+        let headers = response
+            .headers()
+            .iter()
+            .filter(|(name, _)| !name.as_str().starts_with("set-cookie"))
+            .filter_map(|(name, value)| {
+                Some(wit::Header {
+                    name: name.as_str().to_owned(),
+                    value: value.to_str().ok()?.to_owned(),
+                })
+            })
+            .collect();
+        let mut body = Vec::new();
+        loop {
+            match response.chunk().await {
+                Ok(Some(chunk)) => {
+                    if body.len() + chunk.len() > self.max_response_bytes {
+                        return AttemptOutcome::TooLarge { status };
+                    }
+                    body.extend_from_slice(&chunk);
+                }
+                Ok(None) => break,
+                Err(_) => return AttemptOutcome::SentNoReply,
+            }
+        }
+        AttemptOutcome::Responded(VendorReply {
+            status,
+            headers,
+            body,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::Propagation;
+
+    fn template(url: &str, headers: &[(&str, &str)], body: Option<&str>) -> wit::OutboundRequest {
+        wit::OutboundRequest {
+            method: wit::Method::Post,
+            url: url.into(),
+            headers: headers
+                .iter()
+                .map(|(n, v)| wit::Header {
+                    name: (*n).into(),
+                    value: (*v).into(),
+                })
+                .collect(),
+            body: body.map(|b| b.as_bytes().to_vec()),
+        }
+    }
+
+    fn base() -> BaseUrl {
+        BaseUrl::parse("http://127.0.0.1:4242/api").unwrap()
+    }
+
+    #[test]
+    fn only_the_connection_origin_is_reachable() {
+        for foreign in [
+            "http://127.0.0.1:4243/api/x",
+            "https://127.0.0.1:4242/api/x",
+            "http://localhost:4242/api/x",
+            "http://203.0.113.7/steal",
+            "http://user:pw@127.0.0.1:4242/api/x",
+        ] {
+            let result = Prepared::new(
+                template(foreign, &[], None),
+                &base(),
+                &Propagation::None,
+                None,
+                None,
+            );
+            assert_eq!(result.unwrap_err(), ObolError::EgressDenied, "{foreign}");
+        }
+        let same = Prepared::new(
+            template("http://127.0.0.1:4242/other/path?q=1", &[], None),
+            &base(),
+            &Propagation::None,
+            None,
+            None,
+        );
+        assert!(same.is_ok());
+    }
+
+    #[test]
+    fn host_owned_headers_cannot_be_set_by_the_guest() {
+        let propagation = Propagation::Header(HeaderName::from_static("idempotency-key"));
+        for header in [
+            "Authorization",
+            "cookie",
+            "Host",
+            "Idempotency-Key",
+            "x-obol-upstream-authorization",
+        ] {
+            let result = Prepared::new(
+                template("http://127.0.0.1:4242/api", &[(header, "x")], None),
+                &base(),
+                &propagation,
+                Some("idt_k"),
+                None,
+            );
+            assert!(
+                matches!(result, Err(ObolError::InvalidOutboundRequest(_))),
+                "{header}: {result:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_key_is_propagated_exactly_as_declared() {
+        let url = "http://127.0.0.1:4242/api";
+        let header = Propagation::Header(HeaderName::from_static("idempotency-key"));
+        let prepared = Prepared::new(
+            template(url, &[], None),
+            &base(),
+            &header,
+            Some("idt_abc"),
+            None,
+        )
+        .unwrap();
+        assert_eq!(prepared.headers["idempotency-key"], "idt_abc");
+
+        let body_field =
+            Propagation::BodyField(crate::catalog::JsonPointer::parse_for_tests("/meta/key"));
+        let prepared = Prepared::new(
+            template(url, &[], Some(r#"{"a":1}"#)),
+            &base(),
+            &body_field,
+            Some("idt_abc"),
+            None,
+        )
+        .unwrap();
+        let body: serde_json::Value =
+            serde_json::from_slice(prepared.body.as_ref().unwrap()).unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!({"a": 1, "meta": {"key": "idt_abc"}})
+        );
+
+        for silent in [Propagation::None, Propagation::Unsupported] {
+            let prepared = Prepared::new(
+                template(url, &[], None),
+                &base(),
+                &silent,
+                Some("idt_abc"),
+                None,
+            )
+            .unwrap();
+            assert!(prepared.headers.is_empty(), "{silent:?}");
+        }
+    }
+
+    #[test]
+    fn credentials_are_sensitive_and_never_in_errors() {
+        // A variable nothing sets: the credential is unavailable.
+        let var = "OBOL_TEST_SECRET_NEVER_SET";
+        let secret = SecretRef {
+            source: SecretSource::Env(var.into()),
+            header: "Authorization".into(),
+            scheme: Some("Bearer".into()),
+        };
+        let missing = Prepared::new(
+            template("http://127.0.0.1:4242/api", &[], None),
+            &base(),
+            &Propagation::None,
+            None,
+            Some(&secret),
+        );
+        assert_eq!(missing.unwrap_err(), ObolError::CredentialUnavailable);
+
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), "sk_live_hidden\n").unwrap();
+        let secret = SecretRef {
+            source: SecretSource::File(file.path().to_owned()),
+            header: "Authorization".into(),
+            scheme: Some("Bearer".into()),
+        };
+        let prepared = Prepared::new(
+            template("http://127.0.0.1:4242/api", &[], None),
+            &base(),
+            &Propagation::None,
+            None,
+            Some(&secret),
+        )
+        .unwrap();
+        let value = &prepared.headers["authorization"];
+        assert_eq!(value, "Bearer sk_live_hidden");
+        assert!(value.is_sensitive());
+        assert!(!format!("{prepared:?}").contains("sk_live_hidden"));
+    }
+}

@@ -1,0 +1,104 @@
+//! Virtual keys: bearer tokens known only by their hash.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+
+use super::ToolGlob;
+use crate::config::KeyConfig;
+
+/// The sha256 of a key's token. The token itself is never stored or logged.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KeyHash([u8; 32]);
+
+impl KeyHash {
+    pub fn of_token(token: &str) -> KeyHash {
+        KeyHash(Sha256::digest(token.as_bytes()).into())
+    }
+
+    /// Parses the config form `sha256:<64 hex digits>`.
+    pub fn parse(text: &str) -> Result<KeyHash, String> {
+        let hex_digits = text
+            .strip_prefix("sha256:")
+            .ok_or("a key hash starts with \"sha256:\" (see `obol keys hash`)")?;
+        let mut bytes = [0u8; 32];
+        hex::decode_to_slice(hex_digits, &mut bytes)
+            .map_err(|_| "a key hash is \"sha256:\" and 64 hex digits".to_string())?;
+        Ok(KeyHash(bytes))
+    }
+}
+
+impl fmt::Display for KeyHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "sha256:{}", hex::encode(self.0))
+    }
+}
+
+impl fmt::Debug for KeyHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Short enough to correlate in logs, too short to be a lookup handle.
+        write!(f, "KeyHash({}…)", &hex::encode(self.0)[..8])
+    }
+}
+
+/// An authenticated caller.
+#[derive(Debug)]
+pub struct VirtualKey {
+    pub name: String,
+    pub hash: KeyHash,
+    pub workspace: String,
+    pub environment: String,
+    pub allowed_tools: Vec<ToolGlob>,
+}
+
+impl VirtualKey {
+    /// The prefilter: the key's globs allow this namespaced tool name.
+    pub fn allows(&self, tool: &str) -> bool {
+        self.allowed_tools.iter().any(|glob| glob.matches(tool))
+    }
+}
+
+/// Every configured key, looked up by the hash of a presented token.
+#[derive(Debug, Default)]
+pub struct KeyTable {
+    by_hash: HashMap<KeyHash, Arc<VirtualKey>>,
+}
+
+impl KeyTable {
+    pub fn new(keys: &[KeyConfig]) -> KeyTable {
+        let by_hash = keys
+            .iter()
+            .map(|k| {
+                let key = VirtualKey {
+                    name: k.name.clone(),
+                    hash: k.hash,
+                    workspace: k.workspace.clone(),
+                    environment: k.environment.clone(),
+                    allowed_tools: k.allowed_tools.clone(),
+                };
+                (k.hash, Arc::new(key))
+            })
+            .collect();
+        KeyTable { by_hash }
+    }
+
+    pub fn authenticate(&self, token: &str) -> Option<Arc<VirtualKey>> {
+        self.by_hash.get(&KeyHash::of_token(token)).cloned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hash_round_trips_through_its_config_form() {
+        let hash = KeyHash::of_token("obk_example");
+        assert_eq!(KeyHash::parse(&hash.to_string()).unwrap(), hash);
+        assert!(KeyHash::parse("md5:abc").is_err());
+        assert!(KeyHash::parse("sha256:zz").is_err());
+        assert!(!format!("{hash:?}").contains(&hash.to_string()[7..]));
+    }
+}

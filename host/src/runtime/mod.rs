@@ -1,0 +1,371 @@
+//! The sandbox: wasmtime engine, compile cache, per-call limits.
+//!
+//! *Architecture Invariant:* a component gets nothing but the `log` import. Every other import
+//! it declares (the WASI interfaces Rust's standard library links against) is defined as a trap,
+//! so a guest has no network, filesystem, environment, clock or randomness to reach for.
+//!
+//! Each call runs in a fresh `Store` instantiated from a pre-linked [`InstancePre`]: no state
+//! survives between calls, a memory cap bounds every instance, and an epoch deadline stops a
+//! guest that does not return.
+
+mod cache;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use tokio::sync::Semaphore;
+use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::{
+    Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, ResourceLimiter, Store,
+    Trap,
+};
+
+use crate::config::RuntimeConfig;
+
+pub use cache::CompileCache;
+
+/// Bindings generated from the frozen contract.
+pub mod wit {
+    wasmtime::component::bindgen!({
+        path: "../wit/since_v0.1.0",
+        world: "connector",
+    });
+    pub use obol::connector::types::{
+        Content, EffectSpec, Header, Image, Method, Propagation, RouteKind, StatusRange, Tool,
+    };
+}
+
+/// How often the epoch advances. Deadlines are rounded up to this granularity.
+const EPOCH_TICK: Duration = Duration::from_millis(5);
+/// Guest log lines are truncated to this length and limited in number per call, so a
+/// component cannot flood the operator's logs.
+const MAX_LOG_LINE: usize = 1024;
+const MAX_LOG_LINES_PER_CALL: u32 = 32;
+
+/// Why a guest call did not produce a value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GuestFailure {
+    #[error("exceeded its {0} ms deadline")]
+    Deadline(u128),
+    #[error("exceeded its memory limit of {0} MiB")]
+    Memory(usize),
+    #[error("trapped: {0}")]
+    Trap(String),
+    #[error("all {0} guest slots are busy")]
+    Busy(u32),
+}
+
+/// Why a component could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("not a valid connector component: {0}")]
+    Compile(String),
+    #[error("the component does not implement obol:connector@0.1.0: {0}")]
+    Contract(String),
+    #[error("the component's manifest() failed: {0}")]
+    Manifest(GuestFailure),
+}
+
+/// A compiled, pre-linked component, ready to be instantiated per call.
+pub struct Guest {
+    pre: wit::ConnectorPre<GuestState>,
+    /// sha256 of the component's bytes, hex.
+    pub digest: String,
+}
+
+impl std::fmt::Debug for Guest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Guest")
+            .field("digest", &self.digest)
+            .finish()
+    }
+}
+
+/// The per-call store data.
+pub struct GuestState {
+    limits: MemoryLimit,
+    connector: Arc<str>,
+    log_lines: u32,
+}
+
+/// A memory limiter that remembers whether it refused a growth, so that the trap that
+/// follows (the guest's allocator aborts) can be reported as what it is.
+struct MemoryLimit {
+    max_bytes: usize,
+    refused: AtomicBool,
+}
+
+impl ResourceLimiter for MemoryLimit {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        let allowed = desired <= self.max_bytes;
+        if !allowed {
+            self.refused.store(true, Ordering::Relaxed);
+        }
+        Ok(allowed)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(desired <= 100_000)
+    }
+}
+
+impl wit::obol::connector::log::Host for GuestState {
+    fn log(&mut self, level: wit::obol::connector::log::Level, message: String) {
+        use wit::obol::connector::log::Level;
+        self.log_lines += 1;
+        if self.log_lines > MAX_LOG_LINES_PER_CALL {
+            return;
+        }
+        let mut message = message;
+        if message.len() > MAX_LOG_LINE {
+            let mut cut = MAX_LOG_LINE;
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            message.truncate(cut);
+            message.push('…');
+        }
+        let connector = &*self.connector;
+        match level {
+            Level::Debug => tracing::debug!(target: "obol::guest", connector, "{message}"),
+            Level::Info => tracing::info!(target: "obol::guest", connector, "{message}"),
+            Level::Warn => tracing::warn!(target: "obol::guest", connector, "{message}"),
+        }
+    }
+}
+
+/// The engine and everything shared by all components.
+pub struct Runtime {
+    engine: Engine,
+    linker: Linker<GuestState>,
+    cache: Option<CompileCache>,
+    limits: RuntimeConfig,
+    slots: Arc<Semaphore>,
+    _ticker: EpochTicker,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("limits", &self.limits)
+            .finish()
+    }
+}
+
+impl Runtime {
+    pub fn new(limits: RuntimeConfig) -> anyhow::Result<Runtime> {
+        let mut pool = PoolingAllocationConfig::default();
+        // Each in-flight guest call holds one instance; the semaphore below never lets more
+        // calls in than the pool has slots.
+        let instances = limits.max_concurrent_calls.max(1);
+        pool.total_component_instances(instances)
+            .total_core_instances(instances * 4)
+            .total_memories(instances * 2)
+            .total_tables(instances * 4)
+            .max_memory_size(limits.memory_limit_bytes);
+        let mut config = Config::new();
+        // Each pooled memory slot reserves `memory_reservation` of address space (4 GiB by
+        // default, times every slot); the memory cap is the most a guest may ever use.
+        config
+            .wasm_component_model(true)
+            .epoch_interruption(true)
+            .memory_reservation(limits.memory_limit_bytes as u64)
+            .memory_guard_size(64 << 10)
+            .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        let engine = Engine::new(&config).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let mut linker = Linker::new(&engine);
+        wit::obol::connector::log::add_to_linker::<GuestState, HasSelf<GuestState>>(
+            &mut linker,
+            |state| state,
+        )
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let cache = limits.cache_dir.clone().map(CompileCache::new);
+        Ok(Runtime {
+            _ticker: EpochTicker::start(engine.clone()),
+            engine,
+            linker,
+            cache,
+            slots: Arc::new(Semaphore::new(instances as usize)),
+            limits,
+        })
+    }
+
+    pub fn limits(&self) -> &RuntimeConfig {
+        &self.limits
+    }
+
+    /// Compiles (or loads from the cache) and links a component, and asks it for its manifest.
+    pub fn load(&self, bytes: &[u8]) -> Result<(Guest, wit::Manifest), LoadError> {
+        let digest = hex::encode(Sha256::digest(bytes));
+        let component = match &self.cache {
+            Some(cache) => cache.get_or_compile(&self.engine, &digest, bytes),
+            None => Component::new(&self.engine, bytes).map_err(|e| format!("{e:#}")),
+        }
+        .map_err(LoadError::Compile)?;
+        let mut linker = self.linker.clone();
+        linker
+            .define_unknown_imports_as_traps(&component)
+            .map_err(|e| LoadError::Contract(format!("{e:#}")))?;
+        let pre = linker
+            .instantiate_pre(&component)
+            .and_then(wit::ConnectorPre::new)
+            .map_err(|e| LoadError::Contract(format!("{e:#}")))?;
+        let guest = Guest { pre, digest };
+        let manifest = self
+            .call_blocking(&guest, "loading", |connector, store| {
+                connector.call_manifest(store)
+            })
+            .map_err(LoadError::Manifest)?;
+        Ok((guest, manifest))
+    }
+
+    /// Runs `prepare` on a blocking thread.
+    pub async fn prepare(
+        self: &Arc<Self>,
+        guest: &Arc<Guest>,
+        connector: &str,
+        tool: &str,
+        arguments: String,
+        facts: wit::ConnectionFacts,
+    ) -> Result<Result<wit::OutboundRequest, wit::PrepareError>, GuestFailure> {
+        let tool = tool.to_owned();
+        self.call(guest, connector, move |instance, store| {
+            instance.call_prepare(store, &tool, &arguments, &facts)
+        })
+        .await
+    }
+
+    /// Runs `interpret` on a blocking thread.
+    pub async fn interpret(
+        self: &Arc<Self>,
+        guest: &Arc<Guest>,
+        connector: &str,
+        tool: &str,
+        response: wit::VendorResponse,
+    ) -> Result<Result<wit::ToolOutput, wit::InterpretError>, GuestFailure> {
+        let tool = tool.to_owned();
+        self.call(guest, connector, move |instance, store| {
+            instance.call_interpret(store, &tool, &response)
+        })
+        .await
+    }
+
+    async fn call<R, F>(
+        self: &Arc<Self>,
+        guest: &Arc<Guest>,
+        connector: &str,
+        body: F,
+    ) -> Result<R, GuestFailure>
+    where
+        R: Send + 'static,
+        F: FnOnce(&wit::Connector, &mut Store<GuestState>) -> wasmtime::Result<R> + Send + 'static,
+    {
+        // A busy gateway answers at once rather than queueing behind guests that may be
+        // spinning to their deadline.
+        let permit = self
+            .slots
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| GuestFailure::Busy(self.limits.max_concurrent_calls))?;
+        let runtime = Arc::clone(self);
+        let guest = Arc::clone(guest);
+        let connector: Arc<str> = connector.into();
+        // Guest code is CPU-bound and may run to its deadline; keep it off the async workers.
+        tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            runtime.call_blocking_in(&guest, connector, body)
+        })
+        .await
+        .map_err(|e| GuestFailure::Trap(format!("guest thread failed: {e}")))?
+    }
+
+    fn call_blocking<R>(
+        &self,
+        guest: &Guest,
+        connector: &str,
+        body: impl FnOnce(&wit::Connector, &mut Store<GuestState>) -> wasmtime::Result<R>,
+    ) -> Result<R, GuestFailure> {
+        self.call_blocking_in(guest, connector.into(), body)
+    }
+
+    fn call_blocking_in<R>(
+        &self,
+        guest: &Guest,
+        connector: Arc<str>,
+        body: impl FnOnce(&wit::Connector, &mut Store<GuestState>) -> wasmtime::Result<R>,
+    ) -> Result<R, GuestFailure> {
+        let state = GuestState {
+            limits: MemoryLimit {
+                max_bytes: self.limits.memory_limit_bytes,
+                refused: AtomicBool::new(false),
+            },
+            connector,
+            log_lines: 0,
+        };
+        let mut store = Store::new(&self.engine, state);
+        store.limiter(|state| &mut state.limits);
+        let ticks = self
+            .limits
+            .call_deadline
+            .as_nanos()
+            .div_ceil(EPOCH_TICK.as_nanos());
+        store.set_epoch_deadline(u64::try_from(ticks).unwrap_or(u64::MAX).max(1));
+        store.epoch_deadline_trap();
+        let outcome = guest
+            .pre
+            .instantiate(&mut store)
+            .and_then(|instance| body(&instance, &mut store));
+        outcome.map_err(|error| self.classify_failure(&store, &error))
+    }
+
+    fn classify_failure(&self, store: &Store<GuestState>, error: &wasmtime::Error) -> GuestFailure {
+        if store.data().limits.refused.load(Ordering::Relaxed) {
+            return GuestFailure::Memory(self.limits.memory_limit_bytes >> 20);
+        }
+        match error.downcast_ref::<Trap>() {
+            Some(Trap::Interrupt) => GuestFailure::Deadline(self.limits.call_deadline.as_millis()),
+            Some(trap) => GuestFailure::Trap(trap.to_string()),
+            None => GuestFailure::Trap(format!("{error}")),
+        }
+    }
+}
+
+/// Advances the engine's epoch on a dedicated thread; dropping it stops the thread.
+struct EpochTicker {
+    stop: Arc<AtomicBool>,
+}
+
+impl EpochTicker {
+    fn start(engine: Engine) -> EpochTicker {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        std::thread::Builder::new()
+            .name("obol-epoch".into())
+            .spawn(move || {
+                while !flag.load(Ordering::Relaxed) {
+                    std::thread::sleep(EPOCH_TICK);
+                    engine.increment_epoch();
+                }
+            })
+            .expect("spawn the epoch thread");
+        EpochTicker { stop }
+    }
+}
+
+impl Drop for EpochTicker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,182 @@
+//! Test a connector component the way the gateway will run it.
+//!
+//! ```ignore
+//! // connectors/acme/tests/component.rs
+//! let harness = obol_harness::build_this_crate!();
+//! assert_eq!(harness.manifest().name.as_str(), "acme");
+//! let request = harness.prepare("widgets.list", json!({"limit": 5})).unwrap();
+//! assert_eq!(request.url, "http://vendor.test/v1/widgets?limit=5");
+//! let output = harness.interpret("widgets.list", 200, br#"{"data": []}"#).unwrap();
+//! ```
+//!
+//! [`Harness::build`] compiles the crate for `wasm32-wasip2`; loading applies the gateway's own
+//! manifest validation, sandbox and limits, so a component that passes here loads in `obol`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use obol::catalog::{Connector, Manifest, load_connector};
+use obol::config::RuntimeConfig;
+use obol::runtime::{GuestFailure, Runtime, wit};
+use serde_json::Value;
+
+pub use obol::runtime::wit::{InterpretError, Method, OutboundRequest, PrepareError, ToolOutput};
+
+/// The base URL `prepare` is given unless a test sets another.
+pub const BASE_URL: &str = "http://vendor.test";
+
+/// Builds the calling crate and loads it: `obol_harness::build_this_crate!()`.
+#[macro_export]
+macro_rules! build_this_crate {
+    () => {
+        $crate::Harness::build(env!("CARGO_MANIFEST_DIR"), env!("CARGO_PKG_NAME"))
+    };
+}
+
+/// A loaded component plus the connection facts its calls see.
+pub struct Harness {
+    runtime: Arc<Runtime>,
+    connector: Connector,
+    executor: tokio::runtime::Runtime,
+    pub base_url: String,
+    pub settings: Vec<(String, String)>,
+}
+
+impl Harness {
+    /// Compiles the crate at `manifest_dir` to a component and loads it. Panics with cargo's
+    /// or the loader's message on failure: this is a test helper.
+    pub fn build(manifest_dir: &str, package: &str) -> Harness {
+        let target_dir = guest_target_dir();
+        let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .args([
+                "build",
+                "--release",
+                "--target",
+                "wasm32-wasip2",
+                "--manifest-path",
+            ])
+            .arg(Path::new(manifest_dir).join("Cargo.toml"))
+            .arg("--target-dir")
+            .arg(&target_dir)
+            .env_remove("CARGO_TARGET_DIR")
+            .env_remove("CARGO_ENCODED_RUSTFLAGS")
+            .env_remove("RUSTFLAGS")
+            .status()
+            .expect("run cargo");
+        assert!(
+            status.success(),
+            "building {package} for wasm32-wasip2 failed"
+        );
+        let wasm = target_dir
+            .join("wasm32-wasip2/release")
+            .join(format!("{}.wasm", package.replace('-', "_")));
+        Harness::load(&wasm)
+    }
+
+    /// Loads an already built component.
+    pub fn load(path: &Path) -> Harness {
+        let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let runtime = Arc::new(
+            Runtime::new(RuntimeConfig {
+                memory_limit_bytes: 64 << 20,
+                call_deadline: Duration::from_secs(2),
+                max_output_bytes: 4 << 20,
+                cache_dir: None,
+                max_concurrent_calls: 4,
+            })
+            .expect("a wasmtime engine"),
+        );
+        let connector = load_connector(&runtime, &path.display().to_string(), &bytes)
+            .unwrap_or_else(|e| panic!("the gateway would refuse this component: {e}"));
+        Harness {
+            runtime,
+            connector,
+            executor: tokio::runtime::Builder::new_current_thread()
+                .build()
+                .expect("a tokio runtime"),
+            base_url: BASE_URL.into(),
+            settings: Vec::new(),
+        }
+    }
+
+    /// The validated manifest, exactly as the gateway sees it.
+    pub fn manifest(&self) -> &Manifest {
+        &self.connector.manifest
+    }
+
+    /// Runs `prepare` after the gateway's own input-schema check.
+    pub fn prepare(&self, tool: &str, arguments: Value) -> Result<OutboundRequest, PrepareError> {
+        let spec = self
+            .manifest()
+            .tools
+            .iter()
+            .find(|t| t.upstream_name == tool)
+            .unwrap_or_else(|| panic!("the manifest has no tool {tool:?}"));
+        let violations = spec.input_schema.violations(&arguments);
+        if !violations.is_empty() {
+            return Err(PrepareError::InvalidArguments(format!(
+                "rejected by the input schema before the component: {}",
+                violations.join("; ")
+            )));
+        }
+        let facts = wit::ConnectionFacts {
+            base_url: self.base_url.clone(),
+            settings: self.settings.clone(),
+        };
+        let name = self.manifest().name.as_str();
+        trapless(self.executor.block_on(self.runtime.prepare(
+            &self.connector.guest,
+            name,
+            tool,
+            arguments.to_string(),
+            facts,
+        )))
+    }
+
+    /// Feeds a canned vendor response to `interpret`.
+    pub fn interpret(
+        &self,
+        tool: &str,
+        status: u16,
+        body: &[u8],
+    ) -> Result<ToolOutput, InterpretError> {
+        let response = wit::VendorResponse {
+            status,
+            headers: vec![wit::Header {
+                name: "content-type".into(),
+                value: "application/json".into(),
+            }],
+            body: body.to_vec(),
+        };
+        let name = self.manifest().name.as_str();
+        trapless(
+            self.executor.block_on(self.runtime.interpret(
+                &self.connector.guest,
+                name,
+                tool,
+                response,
+            )),
+        )
+    }
+}
+
+/// In a connector's own tests a trap is a bug to see, not a value to assert on.
+fn trapless<T, E>(outcome: Result<Result<T, E>, GuestFailure>) -> Result<T, E> {
+    outcome.unwrap_or_else(|failure| panic!("the component {failure}"))
+}
+
+/// `<target>/obol-guests`, next to the test binary's own target directory, so the host's
+/// build script and the harness share one guest build.
+fn guest_target_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("OBOL_GUEST_TARGET_DIR") {
+        return dir.into();
+    }
+    // <target>/<profile>/deps/<test binary>
+    let exe = std::env::current_exe().expect("the test binary's path");
+    exe.ancestors()
+        .nth(3)
+        .map(|target| target.join("obol-guests"))
+        .unwrap_or_else(|| std::env::temp_dir().join("obol-guests"))
+}

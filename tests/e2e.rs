@@ -1,0 +1,15 @@
+//! End-to-end tests: the real `obol` binary, real MCP clients, mock vendors on loopback.
+//!
+//! One test binary (linked once) with a module per concern:
+//!
+//! - `transport`: the `/mcp` HTTP status matrix, sessions, SSE, protocol negotiation.
+//! - `tools`: listing and calling through rmcp's client; namespacing; key globs; credentials.
+//! - `sandboxing`: hostile components and refused manifests.
+//! - `python_client`: the official Python `mcp` SDK against the gateway.
+
+mod support;
+
+mod python_client;
+mod sandboxing;
+mod tools;
+mod transport;

@@ -1,0 +1,175 @@
+//! Hostile components are contained, and broken ones are refused at load time.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::support::gateway::run_obol;
+use crate::support::{GatewayConfig, GatewayProcess, McpClient, MockVendor, Reply, TOKEN, guests};
+
+/// After each hostile call the gateway must still serve a well-behaved one.
+async fn still_serving(client: &McpClient) {
+    let result = client
+        .call("hostile.echo", json!({"ping": 1}))
+        .await
+        .expect("a well-behaved call after a hostile one");
+    assert_eq!(result.is_error, Some(false), "{result:?}");
+}
+
+async fn error_type(client: &McpClient, tool: &str) -> (i32, String, String) {
+    let (code, message, data) = client.call_err(tool, json!({})).await;
+    let kind = data.map(|d| d["type"].as_str().unwrap_or_default().to_owned());
+    (code, kind.unwrap_or_default(), message)
+}
+
+#[tokio::test]
+async fn hostile_components_are_stopped_and_the_gateway_keeps_serving() {
+    let vendor = MockVendor::start().await;
+    let gateway = GatewayProcess::start(&GatewayConfig::new(&vendor.base_url()));
+    let client = McpClient::connect(&gateway.url, TOKEN).await;
+    still_serving(&client).await;
+
+    // An infinite loop is stopped by the epoch deadline (500 ms in the test config).
+    let started = Instant::now();
+    let (code, kind, message) = error_type(&client, "hostile.spin").await;
+    assert_eq!((code, kind.as_str()), (-32030, "component_failed"));
+    assert!(message.contains("deadline"), "{message}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    still_serving(&client).await;
+
+    // A memory bomb traps at the cap (32 MiB in the test config).
+    let (code, kind, message) = error_type(&client, "hostile.bomb").await;
+    assert_eq!((code, kind.as_str()), (-32030, "component_failed"));
+    assert!(message.contains("memory limit"), "{message}");
+    still_serving(&client).await;
+
+    // A request to a foreign origin is refused before anything is sent.
+    let before = vendor.seen().len();
+    let (code, kind, _) = error_type(&client, "hostile.foreign").await;
+    assert_eq!((code, kind.as_str()), (-32031, "egress_denied"));
+    assert_eq!(vendor.seen().len(), before, "nothing was sent");
+    still_serving(&client).await;
+
+    // Huge guest output is capped.
+    let (code, kind, _) = error_type(&client, "hostile.flood").await;
+    assert_eq!(
+        (code, kind.as_str()),
+        (-32036, "component_output_too_large")
+    );
+    still_serving(&client).await;
+
+    // An oversized vendor response is capped (1 MiB in the test config).
+    vendor.on(
+        "/echo",
+        Reply {
+            status: 200,
+            body: vec![b'x'; 3 << 20],
+            delay: Duration::ZERO,
+        },
+    );
+    let (code, kind, _) = error_type(&client, "hostile.echo").await;
+    assert_eq!(
+        (code, kind.as_str()),
+        (-32035, "upstream_response_too_large")
+    );
+    vendor.on("/echo", Reply::json(200, json!({"ok": true})));
+    still_serving(&client).await;
+    client.close().await;
+}
+
+#[tokio::test]
+async fn concurrent_hostile_calls_do_not_starve_others() {
+    let vendor = MockVendor::start().await;
+    let gateway = GatewayProcess::start(&GatewayConfig::new(&vendor.base_url()));
+    let spinner = McpClient::connect(&gateway.url, TOKEN).await;
+    let client = McpClient::connect(&gateway.url, TOKEN).await;
+    let spins = tokio::spawn(async move {
+        for _ in 0..4 {
+            let _ = spinner.call("hostile.spin", json!({})).await;
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = Instant::now();
+    still_serving(&client).await;
+    assert!(
+        started.elapsed() < Duration::from_millis(400),
+        "a spinning guest held up another call for {:?}",
+        started.elapsed()
+    );
+    spins.await.unwrap();
+}
+
+#[test]
+fn obol_check_prints_a_manifest_and_refuses_each_misfit_specifically() {
+    let (code, out, err) = run_obol(&["check", guests::PAYMENTS]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("stripe.create_refund") && out.contains("stripe.charges.list"),
+        "{out}"
+    );
+    assert!(out.contains("propagation=header"), "{out}");
+
+    let expected = [
+        ("dotted-name", "contains a dot"),
+        ("empty-name", "name is empty"),
+        ("duplicate-tool", "declared twice"),
+        ("bad-schema", "not a valid JSON Schema"),
+        ("overlap", "is both"),
+        ("reserved-prefix", "reserved for the gateway"),
+        ("reserved-tool", "reserved for the gateway"),
+    ];
+    for (misfit, path) in guests::MISFITS {
+        let (code, _, err) = run_obol(&["check", path]);
+        let wanted = expected.iter().find(|(m, _)| *m == misfit).unwrap().1;
+        assert_eq!(code, 2, "{misfit}: {err}");
+        assert!(err.contains(wanted), "{misfit}: {err}");
+    }
+
+    let (code, _, err) = run_obol(&["check", "/nonexistent.wasm"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("/nonexistent.wasm"), "{err}");
+}
+
+#[test]
+fn a_configured_misfit_stops_startup_with_its_reason() {
+    let mut config = GatewayConfig::new("http://127.0.0.1:9");
+    config.components.push(guests::MISFITS[0].1.into());
+    let refused = std::panic::catch_unwind(|| GatewayProcess::start(&config));
+    let message = match refused {
+        Ok(_) => panic!("the gateway started with a misfit component"),
+        Err(panic) => panic.downcast_ref::<String>().cloned().unwrap_or_default(),
+    };
+    assert!(message.contains("did not start"), "{message}");
+    assert!(message.contains("contains a dot"), "{message}");
+}
+
+#[tokio::test]
+async fn a_broken_hot_loaded_component_is_reported_and_skipped() {
+    let vendor = MockVendor::start().await;
+    let mut config = GatewayConfig::new(&vendor.base_url());
+    config.connectors_dir = true;
+    let gateway = GatewayProcess::start(&config);
+    std::fs::copy(
+        guests::MISFITS[3].1,
+        gateway.connectors_dir().join("bad.wasm"),
+    )
+    .unwrap();
+    std::fs::write(gateway.connectors_dir().join("garbage.wasm"), b"not wasm").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !(gateway.log().contains("bad.wasm") && gateway.log().contains("garbage.wasm")) {
+        assert!(Instant::now() < deadline, "no report: {}", gateway.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        gateway.log().contains("not a valid JSON Schema"),
+        "{}",
+        gateway.log()
+    );
+    let client = McpClient::connect(&gateway.url, TOKEN).await;
+    still_serving(&client).await;
+    client.close().await;
+}

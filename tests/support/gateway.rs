@@ -1,0 +1,225 @@
+//! A real `obol serve` process on an ephemeral port, configured per test.
+
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use super::{SECRET, TOKEN, guests, key_hash};
+
+/// A key for the generated config.
+#[derive(Debug, Clone)]
+pub struct Key {
+    pub token: String,
+    pub workspace: String,
+    pub allowed_tools: Vec<String>,
+}
+
+/// Builds an `obol.toml` for one test.
+#[derive(Debug, Clone)]
+pub struct GatewayConfig {
+    pub components: Vec<String>,
+    pub connectors_dir: bool,
+    pub vendor: String,
+    pub keys: Vec<Key>,
+    pub extra: String,
+    pub allowed_origins: Option<Vec<String>>,
+}
+
+impl GatewayConfig {
+    /// Both first-party connectors and the hostile one, in workspace `acme` (plus an empty
+    /// workspace `globex`), all pointed at `vendor`; the owner key may call everything.
+    pub fn new(vendor: &str) -> GatewayConfig {
+        GatewayConfig {
+            components: vec![
+                guests::PAYMENTS.into(),
+                guests::TRACKER.into(),
+                guests::HOSTILE.into(),
+            ],
+            connectors_dir: false,
+            vendor: vendor.to_owned(),
+            keys: vec![
+                Key {
+                    token: TOKEN.into(),
+                    workspace: "acme".into(),
+                    allowed_tools: vec!["*".into()],
+                },
+                Key {
+                    token: "obk_test_globex".into(),
+                    workspace: "globex".into(),
+                    allowed_tools: vec!["*".into()],
+                },
+            ],
+            extra: String::new(),
+            allowed_origins: None,
+        }
+    }
+
+    pub fn with_key(mut self, token: &str, workspace: &str, allowed: &[&str]) -> GatewayConfig {
+        self.keys.push(Key {
+            token: token.into(),
+            workspace: workspace.into(),
+            allowed_tools: allowed.iter().map(|s| s.to_string()).collect(),
+        });
+        self
+    }
+
+    fn render(&self, dir: &Path) -> String {
+        let mut toml = String::new();
+        writeln!(toml, "[server]\nlisten = \"127.0.0.1:0\"").unwrap();
+        if let Some(origins) = &self.allowed_origins {
+            writeln!(toml, "allowed_origins = {origins:?}").unwrap();
+        }
+        writeln!(
+            toml,
+            "[runtime]\ncall_deadline_ms = 500\nmemory_limit_mib = 32\ncache_dir = {:?}",
+            dir.join("cache")
+        )
+        .unwrap();
+        writeln!(
+            toml,
+            "[outbound]\nrequest_timeout_ms = 1500\nmax_response_kib = 1024"
+        )
+        .unwrap();
+        writeln!(toml, "[connectors]\ncomponents = {:?}", self.components).unwrap();
+        if self.connectors_dir {
+            writeln!(
+                toml,
+                "dir = {:?}\nreload_interval_ms = 200",
+                dir.join("connectors.d")
+            )
+            .unwrap();
+        }
+        std::fs::write(dir.join("secret.txt"), SECRET).unwrap();
+        writeln!(toml, "[[workspaces]]\nid = \"acme\"").unwrap();
+        for (id, connector, secret) in [
+            ("stripe-main", "stripe", true),
+            ("tracker-main", "tracker", false),
+            ("hostile-main", "hostile", true),
+        ] {
+            writeln!(
+                toml,
+                "[[workspaces.connections]]\nid = \"{id}\"\nconnector = \"{connector}\"\nbase_url = \"{}\"",
+                self.vendor
+            )
+            .unwrap();
+            if secret {
+                writeln!(
+                    toml,
+                    "[workspaces.connections.secret]\nfile = {:?}\nscheme = \"Bearer\"",
+                    dir.join("secret.txt")
+                )
+                .unwrap();
+            }
+            if connector == "tracker" {
+                writeln!(
+                    toml,
+                    "[workspaces.connections.settings]\nowner = \"acme\"\nrepo = \"app\""
+                )
+                .unwrap();
+            }
+        }
+        writeln!(toml, "[[workspaces]]\nid = \"globex\"").unwrap();
+        for (index, key) in self.keys.iter().enumerate() {
+            writeln!(
+                toml,
+                "[[keys]]\nname = \"key-{index}\"\nhash = \"{}\"\nworkspace = \"{}\"\nenvironment = \"dev\"\nallowed_tools = {:?}",
+                key_hash(&key.token),
+                key.workspace,
+                key.allowed_tools
+            )
+            .unwrap();
+        }
+        toml.push_str(&self.extra);
+        toml
+    }
+}
+
+/// A running gateway. Killed on drop.
+pub struct GatewayProcess {
+    child: Child,
+    pub url: String,
+    pub dir: tempfile::TempDir,
+    log: PathBuf,
+}
+
+impl GatewayProcess {
+    pub fn start(config: &GatewayConfig) -> GatewayProcess {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("connectors.d")).unwrap();
+        let config_path = dir.path().join("obol.toml");
+        std::fs::write(&config_path, config.render(dir.path())).unwrap();
+        let log = dir.path().join("gateway.log");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_obol"))
+            .arg("serve")
+            .arg("--config")
+            .arg(&config_path)
+            .env("OBOL_LOG", "debug")
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).unwrap();
+        let url = line
+            .trim()
+            .strip_prefix("obol listening on ")
+            .unwrap_or_else(|| {
+                panic!(
+                    "the gateway did not start: {:?}\n{}",
+                    line,
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                )
+            })
+            .to_owned();
+        GatewayProcess {
+            child,
+            url,
+            dir,
+            log,
+        }
+    }
+
+    /// Everything the gateway logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn connectors_dir(&self) -> PathBuf {
+        self.dir.path().join("connectors.d")
+    }
+
+    /// Waits for the process to exit by itself (for configs that must be refused).
+    pub fn wait_exit(mut self, timeout: Duration) -> Option<i32> {
+        let deadline = std::time::Instant::now() + timeout;
+        while std::time::Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for GatewayProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `obol` with arguments and returns (exit code, stdout, stderr).
+pub fn run_obol(args: &[&str]) -> (i32, String, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_obol"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
