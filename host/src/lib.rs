@@ -9,6 +9,7 @@
 //! - [`invoke`]: the invocation lifecycle, one function read top to bottom.
 //! - [`runtime`]: the wasmtime sandbox a connector's `prepare` and `interpret` run in.
 //! - [`outbound`]: the one place a request leaves the gateway.
+//! - [`store`]: claims, attempt reservations, receipts and audit, embedded or on Redis.
 //! - [`error`]: the one error enum and its rendering to JSON-RPC codes and HTTP statuses.
 //!
 //! Around them: [`config`] (the operator's file), [`gateway`] (shared state, hot reload, the
@@ -17,6 +18,8 @@
 pub mod catalog;
 pub mod config;
 pub mod error;
+#[cfg(feature = "test-util")]
+pub mod failpoint;
 pub mod gateway;
 pub mod idempotency;
 pub mod invoke;
@@ -25,3 +28,4 @@ pub mod outbound;
 pub mod policy;
 pub mod runtime;
 pub mod sandbox;
+pub mod store;

@@ -32,7 +32,7 @@ pub mod wit {
         path: "../wit/since_v0.1.0",
         world: "connector",
     });
-    pub use obol::connector::types::{
+    pub use self::obol::connector::types::{
         Content, EffectSpec, Header, Image, Method, Propagation, RouteKind, StatusRange, Tool,
     };
 }

@@ -1,0 +1,173 @@
+//! The behaviour every backend must have, as one suite both backends run: the embedded one in
+//! this crate's unit tests, Redis in the end-to-end tests against a real `redis-server`.
+
+#![cfg(any(test, feature = "test-util"))]
+
+use super::*;
+use crate::idempotency::{IdempotencyKey, RequestHash};
+
+fn key(n: u32) -> ClaimKey {
+    ClaimKey {
+        workspace: "acme".into(),
+        connection: ConnectionSegment::Resolved("stripe-main".into()),
+        tool: "stripe.create_refund".into(),
+        key: IdempotencyKey::parse(&format!("idt_contract{n:08}{}", now_ms())).unwrap(),
+    }
+}
+
+fn record() -> ClaimRecord {
+    ClaimRecord {
+        version: 1,
+        pin: Pin::new(
+            RequestHash::of_arguments(&serde_json::json!({"charge": "ch_1"})),
+            "header:idempotency-key".into(),
+            "fp".into(),
+        ),
+        state: ClaimState::Reserved { attempt: 1 },
+        attempts: 1,
+        lease_until_ms: now_ms() + 30_000,
+        receipt_id: format!("rcp_contract{}", now_ms()),
+        key_supplied: true,
+        created_at_ms: now_ms(),
+    }
+}
+
+fn receipt(record: &ClaimRecord, claim: &ClaimKey) -> Receipt {
+    Receipt {
+        id: record.receipt_id.clone(),
+        workspace: claim.workspace.clone(),
+        idempotency_key: claim.key.to_string(),
+        key_source: KeySource::Supplied,
+        tool: claim.tool.clone(),
+        connection: "stripe-main".into(),
+        request_hash: record.pin.request_hash.clone(),
+        fingerprint: record.pin.fingerprint.clone(),
+        attempt_count: record.attempts,
+        outcome: OutcomeClass::Accepted,
+        vendor_status: Some(200),
+        evidence: EvidenceClass::GatewayObserved,
+        verification: Verification::Verified,
+        note: None,
+        created_at_ms: record.created_at_ms,
+        finalized_at_ms: now_ms(),
+    }
+}
+
+/// Runs every contract check against `store`.
+pub async fn run(store: &Store) {
+    claims_are_created_once(store).await;
+    transitions_compare_and_set(store).await;
+    finalize_stores_the_receipt(store).await;
+    concurrent_claims_have_one_winner(store).await;
+    keys_are_independent(store).await;
+}
+
+async fn claims_are_created_once(store: &Store) {
+    let (k, r) = (key(1), record());
+    assert_eq!(store.claim(&k, &r).await.unwrap(), Claim::Acquired);
+    let mut other = r.clone();
+    other.pin.request_hash = "different".into();
+    assert_eq!(
+        store.claim(&k, &other).await.unwrap(),
+        Claim::Existing(r.clone())
+    );
+    assert_eq!(store.get(&k).await.unwrap(), Some(r));
+}
+
+async fn transitions_compare_and_set(store: &Store) {
+    let (k, r) = (key(2), record());
+    store.claim(&k, &r).await.unwrap();
+    let mut next = r.clone();
+    next.version = 2;
+    next.state = ClaimState::Reserved { attempt: 2 };
+    next.attempts = 2;
+    assert!(store.transition(&k, &r, &next).await.unwrap());
+    // The same expectation again is stale: exactly one of two racers wins.
+    assert!(!store.transition(&k, &r, &next).await.unwrap());
+    assert_eq!(store.get(&k).await.unwrap(), Some(next));
+    // No record, no transition.
+    assert!(!store.transition(&key(99), &r, &r).await.unwrap());
+}
+
+async fn finalize_stores_the_receipt(store: &Store) {
+    let (k, r) = (key(3), record());
+    store.claim(&k, &r).await.unwrap();
+    let mut done = r.clone();
+    done.version = 2;
+    done.state = ClaimState::Finalized {
+        outcome: StoredOutcome {
+            class: OutcomeClass::Accepted,
+            vendor_status: Some(200),
+            response: Ok(serde_json::json!({"content": [], "isError": false})),
+        },
+    };
+    let receipt = receipt(&r, &k);
+    assert!(store.finalize(&k, &r, &done, &receipt).await.unwrap());
+    assert_eq!(store.get(&k).await.unwrap(), Some(done));
+    assert_eq!(
+        store.receipt("acme", &receipt.id).await.unwrap(),
+        Some(receipt.clone())
+    );
+    assert_eq!(store.receipt("globex", &receipt.id).await.unwrap(), None);
+    let listed = store.receipts("acme", 100).await.unwrap();
+    assert!(listed.iter().any(|r| r.id == receipt.id));
+    // A stale finalize writes no receipt.
+    let mut stale = receipt.clone();
+    stale.id = format!("{}x", receipt.id);
+    assert!(!store.finalize(&k, &r, &r, &stale).await.unwrap());
+    assert_eq!(store.receipt("acme", &stale.id).await.unwrap(), None);
+}
+
+async fn concurrent_claims_have_one_winner(store: &Store) {
+    let k = key(4);
+    let r = record();
+    let racers: Vec<_> = (0..50)
+        .map(|_| {
+            let (store, k, r) = (store.clone(), k.clone(), r.clone());
+            tokio::spawn(async move { store.claim(&k, &r).await.unwrap() })
+        })
+        .collect();
+    let mut winners = 0;
+    for racer in racers {
+        if racer.await.unwrap() == Claim::Acquired {
+            winners += 1;
+        }
+    }
+    assert_eq!(winners, 1);
+}
+
+async fn keys_are_independent(store: &Store) {
+    let base = key(5);
+    let r = record();
+    assert_eq!(store.claim(&base, &r).await.unwrap(), Claim::Acquired);
+    let mut other_workspace = base.clone();
+    other_workspace.workspace = "globex".into();
+    let mut other_tool = base.clone();
+    other_tool.tool = "stripe.charges.list".into();
+    let mut capability = base.clone();
+    capability.connection = ConnectionSegment::Capability;
+    for k in [other_workspace, other_tool, capability] {
+        assert_eq!(store.claim(&k, &r).await.unwrap(), Claim::Acquired, "{k:?}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_embedded_store_keeps_the_contract_and_survives_reopening() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("obol.redb");
+        let store = super::Store::Embedded(super::EmbeddedStore::open(&path).unwrap());
+        super::run(&store).await;
+        let k = super::key(7);
+        let r = super::record();
+        store.claim(&k, &r).await.unwrap();
+        let syncs = store.syncs();
+        assert!(syncs > 0);
+        drop(store);
+        // Durable: a new process (here: a new handle) sees the claim.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let reopened = super::Store::Embedded(super::EmbeddedStore::open(&path).unwrap());
+        assert_eq!(reopened.get(&k).await.unwrap(), Some(r));
+    }
+}

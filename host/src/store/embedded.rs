@@ -1,0 +1,320 @@
+//! The embedded backend: one redb file, durable across restarts.
+//!
+//! Writes go through one writer thread that applies every queued operation in a single
+//! transaction and commits it with one fsync (group commit). Durability is never relaxed:
+//! a caller's write is acknowledged only after the fsync that covers it, but concurrent
+//! callers share that fsync instead of paying one each.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use tokio::sync::oneshot;
+
+use super::{Claim, ClaimKey, ClaimRecord, Receipt, StoreError, now_ms};
+
+const CLAIMS: TableDefinition<&str, &[u8]> = TableDefinition::new("claims");
+const RECEIPTS: TableDefinition<&str, &[u8]> = TableDefinition::new("receipts");
+/// `{workspace}\0{finalized_at_ms:020}\0{id}` → (), for newest-first listing.
+const RECEIPT_INDEX: TableDefinition<&str, ()> = TableDefinition::new("receipt_index");
+const AUDIT: TableDefinition<u64, &[u8]> = TableDefinition::new("audit");
+
+/// The most operations one group commit takes.
+const MAX_BATCH: usize = 256;
+
+#[derive(Clone)]
+pub struct EmbeddedStore {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for EmbeddedStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmbeddedStore").finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    db: Arc<Database>,
+    writer: mpsc::Sender<Op>,
+    syncs: Arc<AtomicU64>,
+}
+
+enum Op {
+    Claim {
+        slot: String,
+        record: Vec<u8>,
+        reply: oneshot::Sender<Result<Claim, StoreError>>,
+    },
+    Transition {
+        slot: String,
+        expected_version: u64,
+        next: Vec<u8>,
+        receipt: Option<Receipt>,
+        reply: oneshot::Sender<Result<bool, StoreError>>,
+    },
+}
+
+fn failed(error: impl std::fmt::Display) -> StoreError {
+    StoreError(error.to_string())
+}
+
+impl EmbeddedStore {
+    pub fn open(path: &Path) -> Result<EmbeddedStore, StoreError> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(failed)?;
+        }
+        let db = Database::create(path).map_err(|e| failed(format!("{}: {e}", path.display())))?;
+        // Create the tables once so readers never race their creation.
+        let txn = db.begin_write().map_err(failed)?;
+        txn.open_table(CLAIMS).map_err(failed)?;
+        txn.open_table(RECEIPTS).map_err(failed)?;
+        txn.open_table(RECEIPT_INDEX).map_err(failed)?;
+        txn.open_table(AUDIT).map_err(failed)?;
+        txn.commit().map_err(failed)?;
+        let db = Arc::new(db);
+        let syncs = Arc::new(AtomicU64::new(0));
+        let (writer, queue) = mpsc::channel();
+        let (thread_db, thread_syncs) = (Arc::clone(&db), Arc::clone(&syncs));
+        std::thread::Builder::new()
+            .name("obol-store".into())
+            .spawn(move || write_loop(&thread_db, &queue, &thread_syncs))
+            .map_err(failed)?;
+        Ok(EmbeddedStore {
+            inner: Arc::new(Inner { db, writer, syncs }),
+        })
+    }
+
+    pub async fn claim(&self, key: &ClaimKey, record: &ClaimRecord) -> Result<Claim, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        let record = serde_json::to_vec(record).map_err(failed)?;
+        self.submit(Op::Claim {
+            slot: key.slot(),
+            record,
+            reply,
+        })?;
+        answer
+            .await
+            .map_err(|_| failed("the store writer stopped"))?
+    }
+
+    pub async fn transition(
+        &self,
+        key: &ClaimKey,
+        expected: &ClaimRecord,
+        next: &ClaimRecord,
+        receipt: Option<&Receipt>,
+    ) -> Result<bool, StoreError> {
+        #[cfg(feature = "test-util")]
+        if receipt.is_some() && crate::failpoint::active("store-finalize") {
+            return Err(failed("failpoint store-finalize"));
+        }
+        let (reply, answer) = oneshot::channel();
+        self.submit(Op::Transition {
+            slot: key.slot(),
+            expected_version: expected.version,
+            next: serde_json::to_vec(next).map_err(failed)?,
+            receipt: receipt.cloned(),
+            reply,
+        })?;
+        answer
+            .await
+            .map_err(|_| failed("the store writer stopped"))?
+    }
+
+    fn submit(&self, op: Op) -> Result<(), StoreError> {
+        self.inner
+            .writer
+            .send(op)
+            .map_err(|_| failed("the store writer stopped"))
+    }
+
+    pub async fn get(&self, key: &ClaimKey) -> Result<Option<ClaimRecord>, StoreError> {
+        let txn = self.inner.db.begin_read().map_err(failed)?;
+        let table = txn.open_table(CLAIMS).map_err(failed)?;
+        let found = table.get(key.slot().as_str()).map_err(failed)?;
+        found
+            .map(|bytes| serde_json::from_slice(bytes.value()).map_err(failed))
+            .transpose()
+    }
+
+    pub async fn receipt(&self, workspace: &str, id: &str) -> Result<Option<Receipt>, StoreError> {
+        let txn = self.inner.db.begin_read().map_err(failed)?;
+        let table = txn.open_table(RECEIPTS).map_err(failed)?;
+        let found = table
+            .get(format!("{workspace}\0{id}").as_str())
+            .map_err(failed)?;
+        found
+            .map(|bytes| serde_json::from_slice(bytes.value()).map_err(failed))
+            .transpose()
+    }
+
+    pub async fn receipts(
+        &self,
+        workspace: &str,
+        limit: usize,
+    ) -> Result<Vec<Receipt>, StoreError> {
+        let txn = self.inner.db.begin_read().map_err(failed)?;
+        let index = txn.open_table(RECEIPT_INDEX).map_err(failed)?;
+        let receipts = txn.open_table(RECEIPTS).map_err(failed)?;
+        let start = format!("{workspace}\0");
+        let end = format!("{workspace}\u{1}");
+        let mut out = Vec::new();
+        for entry in index
+            .range(start.as_str()..end.as_str())
+            .map_err(failed)?
+            .rev()
+            .take(limit)
+        {
+            let (key, _) = entry.map_err(failed)?;
+            let id = key
+                .value()
+                .rsplit('\0')
+                .next()
+                .unwrap_or_default()
+                .to_owned();
+            if let Some(bytes) = receipts
+                .get(format!("{workspace}\0{id}").as_str())
+                .map_err(failed)?
+            {
+                out.push(serde_json::from_slice(bytes.value()).map_err(failed)?);
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn syncs(&self) -> u64 {
+        self.inner.syncs.load(Ordering::Relaxed)
+    }
+}
+
+/// The writer thread: batch, apply, commit once, then answer everyone in the batch.
+fn write_loop(db: &Database, queue: &mpsc::Receiver<Op>, syncs: &AtomicU64) {
+    while let Ok(first) = queue.recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match queue.try_recv() {
+                Ok(op) => batch.push(op),
+                Err(_) => break,
+            }
+        }
+        let results = apply(db, &batch);
+        syncs.fetch_add(1, Ordering::Relaxed);
+        match results {
+            Ok(results) => {
+                for (op, result) in batch.into_iter().zip(results) {
+                    match (op, result) {
+                        (Op::Claim { reply, .. }, Applied::Claim(claim)) => {
+                            let _ = reply.send(Ok(claim));
+                        }
+                        (Op::Transition { reply, .. }, Applied::Transition(done)) => {
+                            let _ = reply.send(Ok(done));
+                        }
+                        _ => unreachable!("results follow the batch's order"),
+                    }
+                }
+            }
+            // The commit failed: nothing in the batch is durable, so nobody may act on it.
+            Err(error) => {
+                for op in batch {
+                    match op {
+                        Op::Claim { reply, .. } => {
+                            let _ = reply.send(Err(error.clone()));
+                        }
+                        Op::Transition { reply, .. } => {
+                            let _ = reply.send(Err(error.clone()));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+enum Applied {
+    Claim(Claim),
+    Transition(bool),
+}
+
+fn apply(db: &Database, batch: &[Op]) -> Result<Vec<Applied>, StoreError> {
+    let txn = db.begin_write().map_err(failed)?;
+    let mut results = Vec::with_capacity(batch.len());
+    {
+        let mut claims = txn.open_table(CLAIMS).map_err(failed)?;
+        let mut receipts = txn.open_table(RECEIPTS).map_err(failed)?;
+        let mut index = txn.open_table(RECEIPT_INDEX).map_err(failed)?;
+        let mut audit = txn.open_table(AUDIT).map_err(failed)?;
+        let mut next_audit = audit
+            .last()
+            .map_err(failed)?
+            .map_or(0, |(seq, _)| seq.value() + 1);
+        for op in batch {
+            match op {
+                Op::Claim { slot, record, .. } => {
+                    let existing = claims
+                        .get(slot.as_str())
+                        .map_err(failed)?
+                        .map(|bytes| serde_json::from_slice::<ClaimRecord>(bytes.value()));
+                    match existing {
+                        Some(record) => {
+                            results.push(Applied::Claim(Claim::Existing(record.map_err(failed)?)))
+                        }
+                        None => {
+                            claims
+                                .insert(slot.as_str(), record.as_slice())
+                                .map_err(failed)?;
+                            results.push(Applied::Claim(Claim::Acquired));
+                        }
+                    }
+                }
+                Op::Transition {
+                    slot,
+                    expected_version,
+                    next,
+                    receipt,
+                    ..
+                } => {
+                    let current = claims
+                        .get(slot.as_str())
+                        .map_err(failed)?
+                        .map(|bytes| serde_json::from_slice::<ClaimRecord>(bytes.value()))
+                        .transpose()
+                        .map_err(failed)?;
+                    let matches = current.is_some_and(|c| c.version == *expected_version);
+                    if matches {
+                        claims
+                            .insert(slot.as_str(), next.as_slice())
+                            .map_err(failed)?;
+                        if let Some(receipt) = receipt {
+                            let bytes = serde_json::to_vec(receipt).map_err(failed)?;
+                            let id_key = format!("{}\0{}", receipt.workspace, receipt.id);
+                            receipts
+                                .insert(id_key.as_str(), bytes.as_slice())
+                                .map_err(failed)?;
+                            let order = format!(
+                                "{}\0{:020}\0{}",
+                                receipt.workspace, receipt.finalized_at_ms, receipt.id
+                            );
+                            index.insert(order.as_str(), ()).map_err(failed)?;
+                            let event = serde_json::json!({
+                                "at_ms": now_ms(),
+                                "workspace": receipt.workspace,
+                                "receipt_id": receipt.id,
+                                "tool": receipt.tool,
+                                "outcome": receipt.outcome,
+                                "attempt_count": receipt.attempt_count,
+                            });
+                            let event = serde_json::to_vec(&event).map_err(failed)?;
+                            audit.insert(next_audit, event.as_slice()).map_err(failed)?;
+                            next_audit += 1;
+                        }
+                    }
+                    results.push(Applied::Transition(matches));
+                }
+            }
+        }
+    }
+    txn.commit().map_err(failed)?;
+    Ok(results)
+}

@@ -1,0 +1,306 @@
+//! Durable state: idempotency claims, attempt reservations, receipts and the audit log.
+//!
+//! One set of atomic operations, two backends that pass one contract suite
+//! ([`contract`]): [`EmbeddedStore`] (a single redb file, the default) and [`RedisStore`]
+//! (Lua scripts, for several gateways sharing state).
+//!
+//! *Architecture Invariant:* every transition is a compare-and-set on the claim record, and
+//! every write is acknowledged (fsynced, or acknowledged by Redis) before the caller acts on
+//! it. A reservation is therefore durable before its request leaves, and a crash can leave a
+//! claim `Reserved` (later finalized `unknown`), never a silent second effect.
+
+pub mod contract;
+mod embedded;
+mod redis;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::idempotency::{IdempotencyKey, RequestHash};
+
+pub use embedded::EmbeddedStore;
+pub use redis::RedisStore;
+
+/// Where a claim lives: workspace, resolved connection, tool, key (ADR-0044).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ClaimKey {
+    pub workspace: String,
+    pub connection: ConnectionSegment,
+    /// The namespaced tool name.
+    pub tool: String,
+    pub key: IdempotencyKey,
+}
+
+/// The connection part of a claim key. A capability call (`cap.*`) claims under the literal
+/// unresolved segment, so a retry after the route changed addresses the same slot.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum ConnectionSegment {
+    Resolved(String),
+    Capability,
+}
+
+impl ClaimKey {
+    /// The storage key. Every part is length-prefixed, so no choice of names can make two
+    /// claims collide; the whole is one Redis hash tag, so a claim's keys share a slot.
+    pub fn slot(&self) -> String {
+        let connection = match &self.connection {
+            ConnectionSegment::Resolved(id) => format!("c{id}"),
+            ConnectionSegment::Capability => "cap".to_owned(),
+        };
+        let mut slot = String::new();
+        for part in [
+            self.workspace.as_str(),
+            connection.as_str(),
+            self.tool.as_str(),
+            self.key.as_str(),
+        ] {
+            slot.push_str(&format!("{}:{part}", part.len()));
+        }
+        slot
+    }
+}
+
+/// What a claim pins when it is first acquired. A later call under the same key must match
+/// all of it, or it is an `idempotency_conflict`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pin {
+    /// sha256 of the canonical arguments.
+    pub request_hash: String,
+    /// The tool's declared propagation (`none`, `unsupported`, `header:NAME`, `body_field:PTR`).
+    pub binding: String,
+    /// Non-secret target facts: connector digest, destination origin, upstream tool.
+    pub fingerprint: String,
+}
+
+impl Pin {
+    pub fn new(request_hash: RequestHash, binding: String, fingerprint: String) -> Pin {
+        Pin {
+            request_hash: request_hash.to_string(),
+            binding,
+            fingerprint,
+        }
+    }
+
+    /// Whether the tool has a vendor idempotency binding (the vendor deduplicates on the key).
+    pub fn has_vendor_binding(&self) -> bool {
+        self.binding.starts_with("header:") || self.binding.starts_with("body_field:")
+    }
+}
+
+/// How a finished invocation ended, as the receipt and the retry rules see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutcomeClass {
+    Accepted,
+    DefinitelyRejected,
+    /// The vendor may or may not have acted. Never reported as success.
+    Unknown,
+}
+
+/// The claim state machine. Every transition is a compare-and-set.
+///
+/// ```text
+/// Claimed ──reserve──▶ Reserved{1} ──reserve (one immediate retry)──▶ Reserved{2}
+///    ▲                     │                                               │
+///    │ (lease expired,     └──────────────finalize──────────────┬──────────┘
+///    │  nothing sent)                                           ▼
+///    └──────────────────────────────────────────────── Finalized{accepted | definitely_rejected | unknown}
+///                                           Finalized{unknown} with a vendor binding ──reserve──▶ Reserved{n+1}
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum ClaimState {
+    /// Acquired; no attempt is reserved, so nothing can have been sent under this claim yet
+    /// (beyond attempts already counted and finalized).
+    Claimed,
+    /// Attempt `attempt` is durably reserved and may be on the wire until `lease_until_ms`.
+    Reserved {
+        attempt: u32,
+    },
+    Finalized {
+        outcome: StoredOutcome,
+    },
+}
+
+/// A finished invocation, stored so a same-key replay returns exactly what the first call
+/// returned.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StoredOutcome {
+    pub class: OutcomeClass,
+    pub vendor_status: Option<u16>,
+    /// The MCP result (`Ok`) or the JSON-RPC error object (`Err`) the first call answered.
+    pub response: Result<Value, Value>,
+}
+
+/// One claim, as stored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClaimRecord {
+    /// Incremented by every transition; the compare in compare-and-set.
+    pub version: u64,
+    pub pin: Pin,
+    pub state: ClaimState,
+    /// Attempts reserved so far; equals the number of requests that may have been sent.
+    pub attempts: u32,
+    /// Until when the holder's lease runs (ms since the epoch). A `Claimed` or `Reserved`
+    /// record past its lease belongs to a holder that died.
+    pub lease_until_ms: u64,
+    pub receipt_id: String,
+    /// Whether the client supplied the key (else the gateway minted it).
+    pub key_supplied: bool,
+    pub created_at_ms: u64,
+}
+
+/// What [`Store::claim`] found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Claim {
+    /// The record did not exist and is now ours, as given.
+    Acquired,
+    /// A record exists; the caller decides (replay, conflict, not ready, redispatch).
+    Existing(ClaimRecord),
+}
+
+/// A receipt: what one invocation did, for the workspace owner. No secrets, no arguments.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Receipt {
+    pub id: String,
+    pub workspace: String,
+    pub idempotency_key: String,
+    pub key_source: KeySource,
+    pub tool: String,
+    pub connection: String,
+    pub request_hash: String,
+    pub fingerprint: String,
+    pub attempt_count: u32,
+    pub outcome: OutcomeClass,
+    pub vendor_status: Option<u16>,
+    pub evidence: EvidenceClass,
+    pub verification: Verification,
+    /// Why verification is not `verified`, when it is not.
+    pub note: Option<String>,
+    pub created_at_ms: u64,
+    pub finalized_at_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeySource {
+    Supplied,
+    Minted,
+}
+
+/// What the gateway saw of the effect (`docs/receipts.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EvidenceClass {
+    /// The gateway sent the request and read the vendor's answer itself (native routes).
+    GatewayObserved,
+    /// The call ran at a broker the gateway did not observe (federated routes).
+    Untrusted,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verification {
+    /// Gateway-observed, a declared status class, and (when declared) output that matches
+    /// the output schema.
+    Verified,
+    /// The outcome is unknown or the output could not be checked.
+    Inconclusive,
+    /// The evidence class can never be verified (federated routes).
+    Unverifiable,
+}
+
+/// Why the store could not do what was asked. Always retryable from the client's view; the
+/// gateway fails closed (sends nothing) when it cannot record.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the state store is unavailable: {0}")]
+pub struct StoreError(pub String);
+
+/// The configured backend.
+#[derive(Debug, Clone)]
+pub enum Store {
+    Embedded(EmbeddedStore),
+    Redis(RedisStore),
+}
+
+impl Store {
+    /// Creates the record unless one exists; returns the existing one otherwise.
+    pub async fn claim(&self, key: &ClaimKey, record: &ClaimRecord) -> Result<Claim, StoreError> {
+        match self {
+            Store::Embedded(s) => s.claim(key, record).await,
+            Store::Redis(s) => s.claim(key, record).await,
+        }
+    }
+
+    /// Replaces the record with `next` if it is still at `expected.version` (`next.version`
+    /// must be one more). Returns whether it did.
+    pub async fn transition(
+        &self,
+        key: &ClaimKey,
+        expected: &ClaimRecord,
+        next: &ClaimRecord,
+    ) -> Result<bool, StoreError> {
+        match self {
+            Store::Embedded(s) => s.transition(key, expected, next, None).await,
+            Store::Redis(s) => s.transition(key, expected, next, None).await,
+        }
+    }
+
+    /// The final transition: like [`Store::transition`], and in the same atomic write stores
+    /// the receipt and appends the audit record. Nothing is exposed to the client before
+    /// this returns `Ok(true)`.
+    pub async fn finalize(
+        &self,
+        key: &ClaimKey,
+        expected: &ClaimRecord,
+        next: &ClaimRecord,
+        receipt: &Receipt,
+    ) -> Result<bool, StoreError> {
+        match self {
+            Store::Embedded(s) => s.transition(key, expected, next, Some(receipt)).await,
+            Store::Redis(s) => s.transition(key, expected, next, Some(receipt)).await,
+        }
+    }
+
+    pub async fn get(&self, key: &ClaimKey) -> Result<Option<ClaimRecord>, StoreError> {
+        match self {
+            Store::Embedded(s) => s.get(key).await,
+            Store::Redis(s) => s.get(key).await,
+        }
+    }
+
+    pub async fn receipt(&self, workspace: &str, id: &str) -> Result<Option<Receipt>, StoreError> {
+        match self {
+            Store::Embedded(s) => s.receipt(workspace, id).await,
+            Store::Redis(s) => s.receipt(workspace, id).await,
+        }
+    }
+
+    /// The newest receipts of a workspace, newest first.
+    pub async fn receipts(
+        &self,
+        workspace: &str,
+        limit: usize,
+    ) -> Result<Vec<Receipt>, StoreError> {
+        match self {
+            Store::Embedded(s) => s.receipts(workspace, limit).await,
+            Store::Redis(s) => s.receipts(workspace, limit).await,
+        }
+    }
+
+    /// How many durable syncs (fsync or Redis write round trips) the store has made; for the
+    /// benchmark's per-call figures.
+    pub fn syncs(&self) -> u64 {
+        match self {
+            Store::Embedded(s) => s.syncs(),
+            Store::Redis(s) => s.syncs(),
+        }
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}

@@ -1,0 +1,247 @@
+//! The Redis backend, for several gateways sharing one state.
+//!
+//! Every multi-key transition is one Lua script, and every key a script touches carries the
+//! claim's hash tag (`obol:{<slot>}:…`), so the same scripts run unchanged on Redis Cluster.
+//! The per-workspace receipt index lives outside the slot and is written after the script
+//! succeeds; it only points at receipts, so a lost index write loses nothing but a listing.
+//!
+//! Durability: Obol relies on what Redis acknowledges. Run it with `appendonly yes` and
+//! `appendfsync always` to lose nothing on a Redis crash; with `everysec` a crash can forget
+//! up to a second of claims, and a forgotten claim lets a same-key retry dispatch again
+//! (`docs/operations.md`).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{AsyncCommands, Script};
+
+use super::{Claim, ClaimKey, ClaimRecord, Receipt, StoreError, now_ms};
+
+/// Claims, receipts and audit entries are kept this long (at least 24 h, longer than an
+/// approval ticket).
+const RETENTION_SECONDS: u64 = 72 * 3600;
+
+const CLAIM: &str = r"
+local v = redis.call('HGET', KEYS[1], 'v')
+if v then return {1, redis.call('HGET', KEYS[1], 'r')} end
+redis.call('HSET', KEYS[1], 'v', ARGV[2], 'r', ARGV[1])
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+return {0}
+";
+
+const TRANSITION: &str = r"
+local v = redis.call('HGET', KEYS[1], 'v')
+if v ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'v', ARGV[2], 'r', ARGV[3])
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+if ARGV[5] ~= '' then
+  redis.call('SET', KEYS[2], ARGV[5], 'EX', ARGV[4])
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', '1000', '*', 'event', ARGV[6])
+  redis.call('EXPIRE', KEYS[3], ARGV[4])
+end
+return 1
+";
+
+#[derive(Clone)]
+pub struct RedisStore {
+    connection: ConnectionManager,
+    claim: Arc<Script>,
+    transition: Arc<Script>,
+    syncs: Arc<AtomicU64>,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore").finish_non_exhaustive()
+    }
+}
+
+fn failed(error: impl std::fmt::Display) -> StoreError {
+    StoreError(error.to_string())
+}
+
+fn claim_key(key: &ClaimKey) -> (String, String, String) {
+    let slot = key.slot();
+    (
+        format!("obol:{{{slot}}}:claim"),
+        format!("obol:{{{slot}}}:receipt"),
+        format!("obol:{{{slot}}}:audit"),
+    )
+}
+
+impl RedisStore {
+    /// Connects; fails fast when Redis is unreachable.
+    pub async fn connect(url: &str) -> Result<RedisStore, StoreError> {
+        let client = redis::Client::open(url).map_err(|e| failed(redact(&e.to_string(), url)))?;
+        // A call must fail closed quickly when Redis is down, rather than queue behind
+        // reconnect attempts: the client retries, the gateway never guesses.
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(2)))
+            .set_response_timeout(Some(Duration::from_secs(2)))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_millis(200));
+        let connection = ConnectionManager::new_with_config(client, config)
+            .await
+            .map_err(|e| failed(redact(&e.to_string(), url)))?;
+        Ok(RedisStore {
+            connection,
+            claim: Arc::new(Script::new(CLAIM)),
+            transition: Arc::new(Script::new(TRANSITION)),
+            syncs: Arc::new(AtomicU64::new(0)),
+        })
+    }
+
+    pub async fn claim(&self, key: &ClaimKey, record: &ClaimRecord) -> Result<Claim, StoreError> {
+        let (claim, _, _) = claim_key(key);
+        let json = serde_json::to_string(record).map_err(failed)?;
+        let mut connection = self.connection.clone();
+        let (found, existing): (i64, Option<String>) = self
+            .claim
+            .key(claim)
+            .arg(json)
+            .arg(record.version)
+            .arg(RETENTION_SECONDS)
+            .invoke_async(&mut connection)
+            .await
+            .map(|reply: Vec<redis::Value>| decode_claim_reply(&reply))
+            .map_err(failed)??;
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        match (found, existing) {
+            (0, _) => Ok(Claim::Acquired),
+            (_, Some(json)) => Ok(Claim::Existing(
+                serde_json::from_str(&json).map_err(failed)?,
+            )),
+            _ => Err(failed("claim script returned no record")),
+        }
+    }
+
+    pub async fn transition(
+        &self,
+        key: &ClaimKey,
+        expected: &ClaimRecord,
+        next: &ClaimRecord,
+        receipt: Option<&Receipt>,
+    ) -> Result<bool, StoreError> {
+        #[cfg(feature = "test-util")]
+        if receipt.is_some() && crate::failpoint::active("store-finalize") {
+            return Err(failed("failpoint store-finalize"));
+        }
+        let (claim, receipt_key, audit_key) = claim_key(key);
+        let receipt_json = receipt
+            .map(serde_json::to_string)
+            .transpose()
+            .map_err(failed)?
+            .unwrap_or_default();
+        let event = receipt
+            .map(|r| {
+                serde_json::json!({
+                    "at_ms": now_ms(), "workspace": r.workspace, "receipt_id": r.id,
+                    "tool": r.tool, "outcome": r.outcome, "attempt_count": r.attempt_count,
+                })
+                .to_string()
+            })
+            .unwrap_or_default();
+        let mut connection = self.connection.clone();
+        let done: i64 = self
+            .transition
+            .key(claim)
+            .key(&receipt_key)
+            .key(audit_key)
+            .arg(expected.version)
+            .arg(next.version)
+            .arg(serde_json::to_string(next).map_err(failed)?)
+            .arg(RETENTION_SECONDS)
+            .arg(receipt_json)
+            .arg(event)
+            .invoke_async(&mut connection)
+            .await
+            .map_err(failed)?;
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        if done == 1
+            && let Some(receipt) = receipt
+        {
+            let index = format!("obol:receipts:{}", receipt.workspace);
+            let pointer = format!("obol:receipt:{}:{}", receipt.workspace, receipt.id);
+            redis::pipe()
+                .set_ex(&pointer, &receipt_key, RETENTION_SECONDS)
+                .ignore()
+                .zadd(&index, &receipt.id, receipt.finalized_at_ms)
+                .ignore()
+                .query_async::<()>(&mut connection)
+                .await
+                .map_err(failed)?;
+            self.syncs.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(done == 1)
+    }
+
+    pub async fn get(&self, key: &ClaimKey) -> Result<Option<ClaimRecord>, StoreError> {
+        let (claim, _, _) = claim_key(key);
+        let mut connection = self.connection.clone();
+        let json: Option<String> = connection.hget(claim, "r").await.map_err(failed)?;
+        json.map(|j| serde_json::from_str(&j).map_err(failed))
+            .transpose()
+    }
+
+    pub async fn receipt(&self, workspace: &str, id: &str) -> Result<Option<Receipt>, StoreError> {
+        let mut connection = self.connection.clone();
+        let pointer: Option<String> = connection
+            .get(format!("obol:receipt:{workspace}:{id}"))
+            .await
+            .map_err(failed)?;
+        let Some(location) = pointer else {
+            return Ok(None);
+        };
+        let json: Option<String> = connection.get(location).await.map_err(failed)?;
+        json.map(|j| serde_json::from_str(&j).map_err(failed))
+            .transpose()
+    }
+
+    pub async fn receipts(
+        &self,
+        workspace: &str,
+        limit: usize,
+    ) -> Result<Vec<Receipt>, StoreError> {
+        let mut connection = self.connection.clone();
+        let ids: Vec<String> = connection
+            .zrevrange(format!("obol:receipts:{workspace}"), 0, limit as isize - 1)
+            .await
+            .map_err(failed)?;
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            if let Some(receipt) = self.receipt(workspace, &id).await? {
+                out.push(receipt);
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn syncs(&self) -> u64 {
+        self.syncs.load(Ordering::Relaxed)
+    }
+}
+
+fn decode_claim_reply(reply: &[redis::Value]) -> Result<(i64, Option<String>), StoreError> {
+    let found = match reply.first() {
+        Some(redis::Value::Int(n)) => *n,
+        _ => return Err(failed("unexpected claim script reply")),
+    };
+    let record = match reply.get(1) {
+        Some(redis::Value::BulkString(bytes)) => Some(String::from_utf8_lossy(bytes).into_owned()),
+        Some(redis::Value::SimpleString(text)) => Some(text.clone()),
+        _ => None,
+    };
+    Ok((found, record))
+}
+
+/// Redis URLs may carry a password; errors name the server without it.
+fn redact(message: &str, url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(parsed) if parsed.password().is_some() => {
+            message.replace(parsed.password().unwrap_or(""), "***")
+        }
+        _ => message.to_owned(),
+    }
+}
