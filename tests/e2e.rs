@@ -9,7 +9,9 @@
 
 mod support;
 
+mod idempotency;
 mod python_client;
+mod redis_store;
 mod sandboxing;
 mod tools;
 mod transport;

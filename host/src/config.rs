@@ -42,6 +42,24 @@ pub struct Config {
     pub keys: Vec<KeyConfig>,
     /// Serve the bundled sandbox vendor on this address (the README's offline demo).
     pub sandbox: Option<SocketAddr>,
+    pub store: StoreConfig,
+}
+
+/// Where claims, receipts and the audit log live.
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    pub backend: StoreBackend,
+    /// How long a holder may keep a claim in flight before another call may treat it as
+    /// dead (finalize it `unknown`, or take it over when nothing was sent).
+    pub lease: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreBackend {
+    /// A single durable file (the default): `obol.redb` next to the config.
+    Embedded(PathBuf),
+    /// `redis://…`, for several gateways sharing state.
+    Redis(String),
 }
 
 /// Limits applied to every guest call.
@@ -175,6 +193,16 @@ struct File {
     workspaces: Vec<WorkspaceFile>,
     #[serde(default)]
     keys: Vec<KeyFile>,
+    #[serde(default)]
+    store: StoreFile,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct StoreFile {
+    path: Option<PathBuf>,
+    redis_url: Option<String>,
+    lease_ms: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -427,12 +455,31 @@ impl Config {
         }
 
         let ms = Duration::from_millis;
+        let backend = match (file.store.path, file.store.redis_url) {
+            (Some(_), Some(_)) => {
+                return Err(invalid(
+                    "[store] names either `path` (embedded) or `redis_url`, not both".into(),
+                ));
+            }
+            (_, Some(url)) if !(url.starts_with("redis://") || url.starts_with("rediss://")) => {
+                return Err(invalid(
+                    "[store] redis_url must start with redis:// or rediss://".into(),
+                ));
+            }
+            (_, Some(url)) => StoreBackend::Redis(url),
+            (Some(path), None) => StoreBackend::Embedded(resolve(&path)),
+            (None, None) => StoreBackend::Embedded(resolve(Path::new("obol.redb"))),
+        };
+        let request_timeout = ms(file.outbound.request_timeout_ms.unwrap_or(30_000));
+        let call_deadline = ms(file.runtime.call_deadline_ms.unwrap_or(2_000));
+        // Long enough for two attempts and two guest calls, so a live holder never looks dead.
+        let default_lease = 2 * (request_timeout + call_deadline) + Duration::from_secs(5);
         Ok(Config {
             listen: file.server.listen,
             allowed_origins: file.server.allowed_origins.unwrap_or_default(),
             runtime: RuntimeConfig {
                 memory_limit_bytes: file.runtime.memory_limit_mib.unwrap_or(64) << 20,
-                call_deadline: ms(file.runtime.call_deadline_ms.unwrap_or(2_000)),
+                call_deadline,
                 max_output_bytes: file.runtime.max_output_kib.unwrap_or(4 * 1024) << 10,
                 cache_dir: file.runtime.cache_dir.map(|p| resolve(&p)),
                 max_concurrent_calls: file.runtime.max_concurrent_calls.unwrap_or(64),
@@ -442,12 +489,16 @@ impl Config {
             reload_interval: file.connectors.reload_interval_ms.map(ms),
             outbound: OutboundConfig {
                 connect_timeout: ms(file.outbound.connect_timeout_ms.unwrap_or(5_000)),
-                request_timeout: ms(file.outbound.request_timeout_ms.unwrap_or(30_000)),
+                request_timeout,
                 max_response_bytes: file.outbound.max_response_kib.unwrap_or(4 * 1024) << 10,
             },
             workspaces,
             keys,
             sandbox: file.sandbox.map(|s| s.listen),
+            store: StoreConfig {
+                backend,
+                lease: file.store.lease_ms.map(ms).unwrap_or(default_lease),
+            },
         })
     }
 }

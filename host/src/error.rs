@@ -32,6 +32,8 @@ pub enum ObolError {
     },
     #[error("unknown session")]
     UnknownSession,
+    #[error("invalid Idempotency-Key: {0}")]
+    InvalidIdempotencyKey(String),
 
     // --- JSON-RPC. --------------------------------------------------------------------------
     #[error("parse error: {0}")]
@@ -67,8 +69,17 @@ pub enum ObolError {
     OutputSchemaViolation,
     #[error("the connection's credential is unavailable")]
     CredentialUnavailable,
+    #[error("this idempotency key was used for a different call; nothing was dispatched")]
+    IdempotencyConflict,
+    #[error("the first call under this idempotency key is still in flight; retry later")]
+    NotReady,
+    #[error("the state store is unavailable; nothing was dispatched")]
+    StoreUnavailable,
     #[error("internal error")]
     Internal,
+    /// The stored error of a finished call, answered again verbatim to a same-key replay.
+    #[error("replayed error")]
+    Replayed(serde_json::Value),
 }
 
 /// How an [`ObolError`] appears on the wire.
@@ -110,6 +121,12 @@ impl ObolError {
             SessionRequired => (-32008, StatusCode::BAD_REQUEST, "session_required", false),
             MalformedHeader { .. } => (-32009, StatusCode::BAD_REQUEST, "malformed_header", false),
             UnknownSession => (-32010, StatusCode::NOT_FOUND, "unknown_session", false),
+            InvalidIdempotencyKey(_) => (
+                -32011,
+                StatusCode::BAD_REQUEST,
+                "invalid_idempotency_key",
+                false,
+            ),
             Parse(_) => return plain(-32700, StatusCode::BAD_REQUEST),
             InvalidRequest(_) => return plain(-32600, StatusCode::BAD_REQUEST),
             MethodNotFound => return plain(-32601, StatusCode::OK),
@@ -130,7 +147,13 @@ impl ObolError {
             }
             OutputSchemaViolation => (-32037, StatusCode::OK, "output_schema_violation", false),
             CredentialUnavailable => (-32038, StatusCode::OK, "credential_unavailable", true),
+            IdempotencyConflict => (-32040, StatusCode::OK, "idempotency_conflict", false),
+            NotReady => (-32041, StatusCode::OK, "not_ready", true),
+            StoreUnavailable => (-32042, StatusCode::OK, "store_unavailable", true),
             Internal => return plain(-32603, StatusCode::INTERNAL_SERVER_ERROR),
+            Replayed(stored) => {
+                return plain(stored["code"].as_i64().unwrap_or(-32603), StatusCode::OK);
+            }
         };
         Wire {
             code,
@@ -146,6 +169,9 @@ impl ObolError {
     /// bytes; other plain errors keep their message, which never contains anything a client
     /// did not send.
     pub fn to_jsonrpc_error(&self) -> Value {
+        if let ObolError::Replayed(stored) = self {
+            return stored.clone();
+        }
         let wire = self.wire();
         let message = match self {
             ObolError::UnknownTool => "Unknown tool".to_owned(),
@@ -205,6 +231,10 @@ mod tests {
             ObolError::ComponentOutputTooLarge { limit: 1 },
             ObolError::OutputSchemaViolation,
             ObolError::CredentialUnavailable,
+            ObolError::InvalidIdempotencyKey(String::new()),
+            ObolError::IdempotencyConflict,
+            ObolError::NotReady,
+            ObolError::StoreUnavailable,
         ];
         for error in samples {
             let wire = error.wire();

@@ -7,12 +7,14 @@ use tokio::net::TcpListener;
 use tokio::sync::broadcast;
 
 use crate::catalog::{Catalog, Loader};
-use crate::config::{Config, WorkspaceConfig};
+use crate::config::{Config, StoreBackend, StoreConfig, WorkspaceConfig};
+use crate::http;
 use crate::invoke::Services;
 use crate::mcp::{self, SessionId, Sessions};
 use crate::outbound::Outbound;
 use crate::policy::{KeyHash, KeyTable, VirtualKey};
 use crate::runtime::Runtime;
+use crate::store::{EmbeddedStore, RedisStore, Store};
 
 /// Something every open GET stream may need to hear about.
 #[derive(Debug, Clone)]
@@ -41,7 +43,7 @@ impl std::fmt::Debug for Gateway {
 impl Gateway {
     /// Builds the gateway: compiles every configured component (failing on any that does not
     /// load, since the operator named it) and the first catalog snapshot.
-    pub fn new(config: &Config) -> anyhow::Result<Gateway> {
+    pub fn new(config: &Config, store: Store) -> anyhow::Result<Gateway> {
         let runtime = Arc::new(Runtime::new(config.runtime.clone())?);
         let loader = Loader::new(
             Arc::clone(&runtime),
@@ -61,6 +63,8 @@ impl Gateway {
             services: Services {
                 runtime,
                 outbound: Outbound::new(&config.outbound)?,
+                store,
+                lease: config.store.lease,
             },
             catalog: RwLock::new(Arc::new(catalog)),
             loader,
@@ -128,9 +132,27 @@ impl Gateway {
     }
 }
 
+/// Opens the configured store: Redis when a URL is configured, the embedded file otherwise.
+pub async fn open_store(config: &StoreConfig) -> anyhow::Result<Store> {
+    Ok(match &config.backend {
+        StoreBackend::Embedded(path) => {
+            tracing::info!(path = %path.display(), "using the embedded store");
+            Store::Embedded(EmbeddedStore::open(path)?)
+        }
+        StoreBackend::Redis(url) => {
+            let store = RedisStore::connect(url).await?;
+            tracing::info!("using the Redis store");
+            Store::Redis(store)
+        }
+    })
+}
+
 /// Runs the gateway on `listener` until the process is stopped.
 pub async fn serve(config: Config, listener: TcpListener) -> anyhow::Result<()> {
-    let gateway = Arc::new(tokio::task::block_in_place(|| Gateway::new(&config))?);
+    let store = open_store(&config.store).await?;
+    let gateway = Arc::new(tokio::task::block_in_place(|| {
+        Gateway::new(&config, store)
+    })?);
     if let Some(interval) = config.reload_interval {
         let watcher = Arc::clone(&gateway);
         tokio::spawn(async move {
@@ -143,7 +165,7 @@ pub async fn serve(config: Config, listener: TcpListener) -> anyhow::Result<()> 
             }
         });
     }
-    let app = mcp::router(Arc::clone(&gateway));
+    let app = mcp::router(Arc::clone(&gateway)).merge(http::router(Arc::clone(&gateway)));
     let address: SocketAddr = listener.local_addr()?;
     let catalog = gateway.catalog();
     tracing::info!(

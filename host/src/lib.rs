@@ -13,7 +13,7 @@
 //! - [`error`]: the one error enum and its rendering to JSON-RPC codes and HTTP statuses.
 //!
 //! Around them: [`config`] (the operator's file), [`gateway`] (shared state, hot reload, the
-//! server) and [`sandbox`] (a local stand-in vendor for trying Obol offline).
+//! server), [`http`] (the REST routes: receipts) and [`sandbox`] (a local stand-in vendor for trying Obol offline).
 
 pub mod catalog;
 pub mod config;
@@ -21,6 +21,7 @@ pub mod error;
 #[cfg(feature = "test-util")]
 pub mod failpoint;
 pub mod gateway;
+pub mod http;
 pub mod idempotency;
 pub mod invoke;
 pub mod mcp;

@@ -22,8 +22,33 @@ impl McpClient {
     }
 
     pub async fn try_connect(url: &str, token: &str) -> Result<McpClient, String> {
-        let config =
-            StreamableHttpClientTransportConfig::with_uri(url.to_owned()).auth_header(token);
+        Self::connect_with_headers(url, token, &[]).await
+    }
+
+    /// A client whose every request carries `headers` (e.g. one `Idempotency-Key`).
+    pub async fn with_key(url: &str, token: &str, idempotency_key: &str) -> McpClient {
+        Self::connect_with_headers(url, token, &[("idempotency-key", idempotency_key)])
+            .await
+            .unwrap()
+    }
+
+    async fn connect_with_headers(
+        url: &str,
+        token: &str,
+        headers: &[(&str, &str)],
+    ) -> Result<McpClient, String> {
+        let headers = headers
+            .iter()
+            .map(|(n, v)| {
+                (
+                    axum::http::HeaderName::from_bytes(n.as_bytes()).unwrap(),
+                    axum::http::HeaderValue::from_str(v).unwrap(),
+                )
+            })
+            .collect();
+        let config = StreamableHttpClientTransportConfig::with_uri(url.to_owned())
+            .auth_header(token)
+            .custom_headers(headers);
         let transport = StreamableHttpClientTransport::from_config(config);
         let info = ClientConfig::new(
             ClientCapabilities::default(),

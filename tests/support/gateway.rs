@@ -25,6 +25,10 @@ pub struct GatewayConfig {
     pub keys: Vec<Key>,
     pub extra: String,
     pub allowed_origins: Option<Vec<String>>,
+    /// Environment for the gateway process (e.g. `OBOL_FAILPOINTS`).
+    pub env: Vec<(String, String)>,
+    /// `[store]` settings; the embedded file in the test's directory by default.
+    pub store: Option<String>,
 }
 
 impl GatewayConfig {
@@ -53,6 +57,8 @@ impl GatewayConfig {
             ],
             extra: String::new(),
             allowed_origins: None,
+            env: Vec::new(),
+            store: None,
         }
     }
 
@@ -131,10 +137,16 @@ impl GatewayConfig {
             )
             .unwrap();
         }
+        match &self.store {
+            Some(store) => writeln!(toml, "[store]\n{store}").unwrap(),
+            None => writeln!(toml, "[store]\npath = {:?}", dir.join("obol.redb")).unwrap(),
+        }
         toml.push_str(&self.extra);
         toml
     }
 }
+
+static LOGS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// A running gateway. Killed on drop.
 pub struct GatewayProcess {
@@ -146,16 +158,26 @@ pub struct GatewayProcess {
 
 impl GatewayProcess {
     pub fn start(config: &GatewayConfig) -> GatewayProcess {
-        let dir = tempfile::tempdir().unwrap();
+        Self::start_in(config, tempfile::tempdir().unwrap())
+    }
+
+    /// Starts a gateway in `dir`, reusing whatever state (store file, cache) it holds: a
+    /// restart after a crash.
+    pub fn start_in(config: &GatewayConfig, dir: tempfile::TempDir) -> GatewayProcess {
         std::fs::create_dir_all(dir.path().join("connectors.d")).unwrap();
         let config_path = dir.path().join("obol.toml");
         std::fs::write(&config_path, config.render(dir.path())).unwrap();
-        let log = dir.path().join("gateway.log");
+        let log = dir.path().join(format!(
+            "gateway-{}.log",
+            std::process::id() as u64 * 1000
+                + LOGS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
         let mut child = Command::new(env!("CARGO_BIN_EXE_obol"))
             .arg("serve")
             .arg("--config")
             .arg(&config_path)
             .env("OBOL_LOG", "debug")
+            .envs(config.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
@@ -201,6 +223,16 @@ impl GatewayProcess {
             std::thread::sleep(Duration::from_millis(20));
         }
         None
+    }
+}
+
+impl GatewayProcess {
+    /// SIGKILL: no shutdown, no flush; returns the directory so a new process can reuse it.
+    pub fn kill(mut self) -> tempfile::TempDir {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let placeholder = tempfile::tempdir().unwrap();
+        std::mem::replace(&mut self.dir, placeholder)
     }
 }
 

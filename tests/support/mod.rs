@@ -5,10 +5,12 @@
 
 pub mod client;
 pub mod gateway;
+pub mod redis;
 pub mod vendor;
 
 pub use client::{McpClient, RawMcp};
 pub use gateway::{GatewayConfig, GatewayProcess};
+pub use redis::RedisServer;
 pub use vendor::{MockVendor, Reply};
 
 /// The token of the key most tests use, and the secret its connections carry.

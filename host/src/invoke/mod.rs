@@ -2,29 +2,41 @@
 //!
 //! ```text
 //! route ─▶ authorize ─▶ check arguments ─▶ prepare (guest) ─▶ check + complete the request
-//!       ─▶ send one attempt ─▶ classify (EffectSpec) ─▶ interpret (guest) ─▶ check output ─▶ respond
+//!   ─▶ claim (idempotency; attempt 1 reserved in the same write) ─▶ send one attempt
+//!   ─▶ [reserve + send one immediate retry, only when the rules allow] ─▶ classify (EffectSpec)
+//!   ─▶ interpret (guest) ─▶ check output ─▶ finalize (claim + receipt + audit, one write) ─▶ respond
 //! ```
 //!
-//! The order is the contract. Routing happens before authorization so the decision can be
-//! recorded; nothing leaves the gateway before the request template passed the outbound
-//! checks; the status is classified by the host from the EffectSpec before the guest renders
-//! anything, so a guest cannot turn a failure into a success.
+//! The order is the contract. Nothing leaves the gateway before its attempt is durably
+//! reserved; the status is classified by the host before the guest renders anything; and the
+//! result is exposed only after the store acknowledged the final write (ADR-0031, ADR-0032).
+
+mod receipt;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 
-use crate::catalog::{Catalog, Route, StatusClass, ToolName};
+use crate::catalog::{Catalog, Propagation, Route, StatusClass, ToolName};
 use crate::error::ObolError;
-use crate::outbound::{AttemptOutcome, Outbound, Prepared};
+use crate::idempotency::{IdempotencyKey, RequestHash};
+use crate::outbound::{AttemptOutcome, Outbound, Prepared, VendorReply};
 use crate::policy::VirtualKey;
 use crate::runtime::{GuestFailure, Runtime, wit};
+use crate::store::{
+    Claim, ClaimKey, ClaimRecord, ClaimState, ConnectionSegment, OutcomeClass, Pin, Store,
+    StoredOutcome, Verification, now_ms,
+};
 
 /// What the lifecycle needs from the gateway.
 #[derive(Debug)]
 pub struct Services {
     pub runtime: Arc<Runtime>,
     pub outbound: Outbound,
+    pub store: Store,
+    /// How long a claim may stay in flight before it is presumed dead.
+    pub lease: Duration,
 }
 
 /// A `tools/call` as the client sent it.
@@ -32,15 +44,64 @@ pub struct Services {
 pub struct CallRequest {
     pub name: String,
     pub arguments: Map<String, Value>,
+    /// The client's `Idempotency-Key`, already parsed; `None` means mint one.
+    pub idempotency_key: Option<IdempotencyKey>,
 }
 
-/// Runs one tool call and returns the MCP `CallToolResult` as JSON.
+/// The idempotency identity of a call that reached its claim; returned on every answer after
+/// that point, errors included.
+#[derive(Debug, Clone)]
+pub struct ClaimIdentity {
+    pub key: IdempotencyKey,
+    pub receipt_id: String,
+}
+
+/// What the client gets: the MCP result or an error, and the claim identity when one exists.
+#[derive(Debug)]
+pub struct Answer {
+    pub result: Result<Value, ObolError>,
+    pub claim: Option<ClaimIdentity>,
+}
+
+impl Answer {
+    fn unclaimed(error: ObolError) -> Answer {
+        Answer {
+            result: Err(error),
+            claim: None,
+        }
+    }
+}
+
+/// Runs one tool call.
 pub async fn invoke(
     services: &Services,
     catalog: &Catalog,
     key: &VirtualKey,
     request: CallRequest,
-) -> Result<Value, ObolError> {
+) -> Answer {
+    match prepare_call(services, catalog, key, request).await {
+        Ok(call) => dispatch(services, call).await,
+        Err(error) => Answer::unclaimed(error),
+    }
+}
+
+/// Everything decided before any state is written.
+struct Call {
+    route: Arc<Route>,
+    request: Prepared,
+    claim_key: ClaimKey,
+    pin: Pin,
+    key_supplied: bool,
+}
+
+/// Route, authorize, check arguments, and let the guest build the request. Pure: nothing is
+/// written and nothing is sent, so every failure here leaves no trace but the error.
+async fn prepare_call(
+    services: &Services,
+    catalog: &Catalog,
+    key: &VirtualKey,
+    request: CallRequest,
+) -> Result<Call, ObolError> {
     // Route + authorize. Every way of not finding a callable tool is the same answer.
     let route = route(catalog, key, &request.name).ok_or(ObolError::UnknownTool)?;
     let tool = route.tool();
@@ -53,8 +114,10 @@ pub async fn invoke(
         return Err(ObolError::InvalidArguments(violations.join("; ")));
     }
 
+    let key_supplied = request.idempotency_key.is_some();
+    let idempotency_key = request.idempotency_key.unwrap_or_else(IdempotencyKey::mint);
+
     // Prepare: the guest turns the call into a request template.
-    let connector = route.connector.manifest.name.as_str();
     let facts = wit::ConnectionFacts {
         base_url: route.connection.base_url.as_str().to_owned(),
         settings: route
@@ -68,7 +131,7 @@ pub async fn invoke(
         .runtime
         .prepare(
             &route.connector.guest,
-            connector,
+            route.connector.manifest.name.as_str(),
             route.name.upstream(),
             arguments.to_string(),
             facts,
@@ -87,7 +150,7 @@ pub async fn invoke(
         template,
         &route.connection.base_url,
         &tool.effect.propagation,
-        None,
+        Some(idempotency_key.as_str()),
         route.connection.secret.as_ref(),
     )
     .inspect_err(|error| {
@@ -96,28 +159,328 @@ pub async fn invoke(
         }
     })?;
 
-    // Send exactly one attempt.
-    let reply = match services.outbound.send(prepared).await {
-        AttemptOutcome::Responded(reply) => reply,
-        AttemptOutcome::NotSent => return Err(ObolError::UpstreamUnreachable),
-        AttemptOutcome::SentNoReply => return Err(ObolError::UpstreamTimeout),
-        AttemptOutcome::TooLarge { .. } => {
-            return Err(ObolError::UpstreamResponseTooLarge {
-                limit: services.outbound.max_response_bytes(),
-            });
+    let pin = Pin::new(
+        RequestHash::of_arguments(&arguments),
+        binding_label(&tool.effect.propagation),
+        format!(
+            "{}@{} {} {} {}",
+            route.connector.manifest.name,
+            &route.connector.guest.digest[..16],
+            prepared.method(),
+            prepared.origin(),
+            route.name.upstream()
+        ),
+    );
+    let claim_key = ClaimKey {
+        workspace: key.workspace.clone(),
+        connection: ConnectionSegment::Resolved(route.connection.id.clone()),
+        tool: route.name.as_str().to_owned(),
+        key: idempotency_key,
+    };
+    Ok(Call {
+        route,
+        request: prepared,
+        claim_key,
+        pin,
+        key_supplied,
+    })
+}
+
+/// Claims the idempotency slot, then sends, classifies, renders and finalizes.
+async fn dispatch(services: &Services, call: Call) -> Answer {
+    let store = &services.store;
+    let fresh = ClaimRecord {
+        version: 1,
+        pin: call.pin.clone(),
+        // The first attempt is reserved in the same write that claims the slot.
+        state: ClaimState::Reserved { attempt: 1 },
+        attempts: 1,
+        lease_until_ms: now_ms() + services.lease.as_millis() as u64,
+        receipt_id: receipt::new_id(),
+        key_supplied: call.key_supplied,
+        created_at_ms: now_ms(),
+    };
+    let identity = |record: &ClaimRecord| ClaimIdentity {
+        key: call.claim_key.key.clone(),
+        receipt_id: record.receipt_id.clone(),
+    };
+
+    let held = match store.claim(&call.claim_key, &fresh).await {
+        Err(error) => {
+            tracing::warn!("claim failed, nothing sent: {error}");
+            return Answer::unclaimed(ObolError::StoreUnavailable);
+        }
+        Ok(Claim::Acquired) => fresh,
+        Ok(Claim::Existing(existing)) => {
+            let claim = Some(identity(&existing));
+            match resume(services, &call, existing).await {
+                Resume::Answer(result) => return Answer { result, claim },
+                Resume::Dispatch(record) => record,
+            }
+        }
+    };
+    let claim = Some(identity(&held));
+    let result = attempt(services, &call, held).await;
+    Answer { result, claim }
+}
+
+/// What to do with a claim that already existed.
+enum Resume {
+    Answer(Result<Value, ObolError>),
+    /// We now hold the claim with a new attempt reserved.
+    Dispatch(ClaimRecord),
+}
+
+async fn resume(services: &Services, call: &Call, existing: ClaimRecord) -> Resume {
+    if existing.pin != call.pin {
+        return Resume::Answer(Err(ObolError::IdempotencyConflict));
+    }
+    let store = &services.store;
+    let lease_expired = existing.lease_until_ms <= now_ms();
+    match &existing.state {
+        ClaimState::Finalized { outcome } => {
+            // Redispatch only what is unknown, and only when the vendor deduplicates on the
+            // key it receives: then a resend cannot become a second effect.
+            if outcome.class == OutcomeClass::Unknown && existing.pin.has_vendor_binding() {
+                return take(services, call, existing).await;
+            }
+            Resume::Answer(replay(outcome, &existing))
+        }
+        ClaimState::Reserved { .. } | ClaimState::Claimed if !lease_expired => {
+            Resume::Answer(Err(ObolError::NotReady))
+        }
+        // The holder died before anything was reserved beyond what is already counted.
+        ClaimState::Claimed => take(services, call, existing).await,
+        // The holder died with an attempt that may have left: its effect is unknown.
+        ClaimState::Reserved { .. } => {
+            let outcome = StoredOutcome {
+                class: OutcomeClass::Unknown,
+                vendor_status: None,
+                response: Err(ObolError::UpstreamTimeout.to_jsonrpc_error()),
+            };
+            let mut next = existing.clone();
+            next.version += 1;
+            next.state = ClaimState::Finalized {
+                outcome: outcome.clone(),
+            };
+            let receipt = receipt::build(
+                call,
+                &next,
+                OutcomeClass::Unknown,
+                None,
+                Verification::Inconclusive,
+                Some("the gateway holding this call stopped before recording its outcome"),
+            );
+            match store
+                .finalize(&call.claim_key, &existing, &next, &receipt)
+                .await
+            {
+                Ok(true) if existing.pin.has_vendor_binding() => take(services, call, next).await,
+                Ok(true) => Resume::Answer(replay(&outcome, &next)),
+                Ok(false) => Resume::Answer(Err(ObolError::NotReady)),
+                Err(_) => Resume::Answer(Err(ObolError::StoreUnavailable)),
+            }
+        }
+    }
+}
+
+/// Takes over a claim by reserving its next attempt (compare-and-set: of two racers, one
+/// wins and the other answers `not_ready`).
+async fn take(services: &Services, call: &Call, existing: ClaimRecord) -> Resume {
+    let next = reserve_next(services, &existing);
+    match services
+        .store
+        .transition(&call.claim_key, &existing, &next)
+        .await
+    {
+        Ok(true) => Resume::Dispatch(next),
+        Ok(false) => Resume::Answer(Err(ObolError::NotReady)),
+        Err(_) => Resume::Answer(Err(ObolError::StoreUnavailable)),
+    }
+}
+
+fn reserve_next(services: &Services, current: &ClaimRecord) -> ClaimRecord {
+    let mut next = current.clone();
+    next.version += 1;
+    next.attempts += 1;
+    next.state = ClaimState::Reserved {
+        attempt: next.attempts,
+    };
+    next.lease_until_ms = now_ms() + services.lease.as_millis() as u64;
+    next
+}
+
+/// The stored answer of a finished call, marked as a replay.
+fn replay(outcome: &StoredOutcome, record: &ClaimRecord) -> Result<Value, ObolError> {
+    match &outcome.response {
+        Ok(result) => {
+            let mut result = result.clone();
+            result["_meta"]["obol"]["replayed"] = Value::Bool(true);
+            result["_meta"]["obol"]["attempt_count"] = json!(record.attempts);
+            Ok(result)
+        }
+        Err(error) => Err(ObolError::Replayed(error.clone())),
+    }
+}
+
+/// How the attempts ended.
+enum Sent {
+    Reply(VendorReply),
+    Failed(ObolError, OutcomeClass),
+    /// Provably nothing reached the vendor on the last attempt.
+    Nothing,
+}
+
+/// Sends the reserved attempt, and at most one immediate retry when the rules allow
+/// (`spec/idempotency.md`, Retries), then classifies, renders and finalizes.
+async fn attempt(
+    services: &Services,
+    call: &Call,
+    mut held: ClaimRecord,
+) -> Result<Value, ObolError> {
+    let tool = call.route.tool();
+    let binding = call.pin.has_vendor_binding();
+    let sent = loop {
+        failpoint("hang-before-send").await;
+        let outcome = services.outbound.send(call.request.clone()).await;
+        failpoint("hang-after-send").await;
+        let retry_allowed = held.attempts == 1
+            && match &outcome {
+                AttemptOutcome::NotSent => true,
+                AttemptOutcome::Responded(reply) => {
+                    binding && tool.effect.statuses.classify(reply.status) == StatusClass::Retryable
+                }
+                _ => false,
+            };
+        if retry_allowed {
+            // The retry is reserved durably before it is sent, like the first attempt; if it
+            // cannot be recorded, it is not sent.
+            let next = reserve_next(services, &held);
+            if let Ok(true) = services
+                .store
+                .transition(&call.claim_key, &held, &next)
+                .await
+            {
+                held = next;
+                continue;
+            }
+        }
+        break match outcome {
+            AttemptOutcome::Responded(reply) => Sent::Reply(reply),
+            AttemptOutcome::NotSent => Sent::Nothing,
+            AttemptOutcome::SentNoReply => {
+                Sent::Failed(ObolError::UpstreamTimeout, OutcomeClass::Unknown)
+            }
+            AttemptOutcome::TooLarge { status } => Sent::Failed(
+                ObolError::UpstreamResponseTooLarge {
+                    limit: services.outbound.max_response_bytes(),
+                },
+                outcome_class(tool.effect.statuses.classify(status)),
+            ),
+        };
+    };
+
+    let (class, status, result, verification, note) = match sent {
+        Sent::Nothing => {
+            // Nothing left the gateway on the last attempt: release the claim so the same
+            // key can try again, instead of recording an outcome that never happened.
+            let mut next = held.clone();
+            next.version += 1;
+            next.state = ClaimState::Claimed;
+            next.lease_until_ms = now_ms();
+            let _ = services
+                .store
+                .transition(&call.claim_key, &held, &next)
+                .await;
+            return Err(ObolError::UpstreamUnreachable);
+        }
+        Sent::Failed(error, class) => (
+            class,
+            None,
+            Err(error),
+            Verification::Inconclusive,
+            Some("the vendor's answer was not observed in full"),
+        ),
+        Sent::Reply(reply) => {
+            let status = reply.status;
+            let class = tool.effect.statuses.classify(status);
+            let rendered = interpret(services, &call.route, class, reply).await;
+            let verification = match (&rendered, outcome_class(class)) {
+                (Ok(_), OutcomeClass::Accepted | OutcomeClass::DefinitelyRejected) => {
+                    Verification::Verified
+                }
+                _ => Verification::Inconclusive,
+            };
+            let note = match (&rendered, class) {
+                (Err(ObolError::OutputSchemaViolation), _) => {
+                    Some("the output did not match the tool's output schema")
+                }
+                (Err(_), _) => Some("the component could not render the vendor's answer"),
+                (Ok(_), StatusClass::Accepted | StatusClass::DefinitelyRejected) => None,
+                (Ok(_), _) => Some("the vendor's status is not one the tool declares final"),
+            };
+            (
+                outcome_class(class),
+                Some(status),
+                rendered,
+                verification,
+                note,
+            )
         }
     };
 
-    // Classify from the EffectSpec, before and independently of the guest.
-    let class = tool.effect.statuses.classify(reply.status);
-    let status = reply.status;
+    // Finalize: the outcome, the receipt and the audit record in one acknowledged write.
+    let result = result.map(|mut value| {
+        value["_meta"] = json!({ "obol": {
+            "idempotency_key": call.claim_key.key.as_str(),
+            "receipt_id": held.receipt_id,
+            "verification": verification,
+            "outcome": class,
+            "vendor_status": status,
+            "attempt_count": held.attempts,
+            "replayed": false,
+        }});
+        value
+    });
+    let outcome = StoredOutcome {
+        class,
+        vendor_status: status,
+        response: match &result {
+            Ok(value) => Ok(value.clone()),
+            Err(error) => Err(error.to_jsonrpc_error()),
+        },
+    };
+    let mut finished = held.clone();
+    finished.version += 1;
+    finished.state = ClaimState::Finalized { outcome };
+    let receipt = receipt::build(call, &finished, class, status, verification, note);
+    match services
+        .store
+        .finalize(&call.claim_key, &held, &finished, &receipt)
+        .await
+    {
+        Ok(true) => result,
+        // Lost the claim (a lease expired under us) or could not record: the outcome is not
+        // exposed, and the claim stays in flight until its lease says otherwise.
+        Ok(false) | Err(_) => {
+            tracing::warn!(receipt = %held.receipt_id, "could not record the outcome; answering not_ready");
+            Err(ObolError::NotReady)
+        }
+    }
+}
 
-    // Interpret: the guest renders the response.
+/// Runs `interpret` and checks its output. The class was decided before, by the host.
+async fn interpret(
+    services: &Services,
+    route: &Route,
+    class: StatusClass,
+    reply: VendorReply,
+) -> Result<Value, ObolError> {
     let output = services
         .runtime
         .interpret(
             &route.connector.guest,
-            connector,
+            route.connector.manifest.name.as_str(),
             route.name.upstream(),
             wit::VendorResponse {
                 status: reply.status,
@@ -139,9 +502,36 @@ pub async fn invoke(
                 ObolError::ComponentFailed("the component does not know its own tool".into())
             }
         })?;
+    render_result(services, route, class, output)
+}
 
-    let result = render_result(services, &route, class, status, output)?;
-    Ok(result)
+/// Crash tests stop the gateway at a named point (`OBOL_FAILPOINTS`); only the `test-util`
+/// build has failpoints.
+async fn failpoint(name: &str) {
+    #[cfg(feature = "test-util")]
+    if crate::failpoint::active(name) {
+        tracing::warn!("failpoint {name}: hanging");
+        std::future::pending::<()>().await;
+    }
+    let _ = name;
+}
+
+fn outcome_class(class: StatusClass) -> OutcomeClass {
+    match class {
+        StatusClass::Accepted => OutcomeClass::Accepted,
+        StatusClass::DefinitelyRejected => OutcomeClass::DefinitelyRejected,
+        StatusClass::Retryable | StatusClass::Unknown => OutcomeClass::Unknown,
+    }
+}
+
+/// The pinned form of a tool's declared propagation.
+fn binding_label(propagation: &Propagation) -> String {
+    match propagation {
+        Propagation::None => "none".into(),
+        Propagation::Unsupported => "unsupported".into(),
+        Propagation::Header(name) => format!("header:{name}"),
+        Propagation::BodyField(pointer) => format!("body_field:{}", pointer.as_str()),
+    }
 }
 
 /// Finds the route for a name the key may call. `None` covers every reason alike.
@@ -160,7 +550,6 @@ fn render_result(
     services: &Services,
     route: &Route,
     class: StatusClass,
-    status: u16,
     output: wit::ToolOutput,
 ) -> Result<Value, ObolError> {
     let limit = services.runtime.limits().max_output_bytes;
@@ -209,7 +598,6 @@ fn render_result(
     let mut result = json!({
         "content": content,
         "isError": class != StatusClass::Accepted,
-        "_meta": { "obol": { "outcome": class, "vendor_status": status } },
     });
     if let Some(structured) = structured {
         result["structuredContent"] = structured;

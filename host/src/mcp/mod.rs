@@ -22,7 +22,8 @@ use serde_json::{Map, Value, json};
 
 use crate::error::ObolError;
 use crate::gateway::{Event, Gateway};
-use crate::invoke::{self, CallRequest};
+use crate::idempotency::IdempotencyKey;
+use crate::invoke::{self, CallRequest, ClaimIdentity};
 use crate::policy::VirtualKey;
 
 pub use session::{Session, SessionId, Sessions};
@@ -35,6 +36,7 @@ pub const LATEST_VERSION: &str = "2025-11-25";
 
 const SESSION_HEADER: &str = "mcp-session-id";
 const VERSION_HEADER: &str = "mcp-protocol-version";
+const IDEMPOTENCY_HEADER: &str = "idempotency-key";
 const KEEPALIVE: Duration = Duration::from_secs(15);
 
 pub fn router(gateway: Arc<Gateway>) -> Router {
@@ -113,6 +115,7 @@ async fn post(gateway: &Gateway, headers: &HeaderMap, body: Body) -> Result<Resp
                     version,
                     id.clone(),
                     Err(ObolError::MethodNotFound),
+                    None,
                 ));
             }
             _ => {}
@@ -121,11 +124,31 @@ async fn post(gateway: &Gateway, headers: &HeaderMap, body: Body) -> Result<Resp
 
     let session = session_of(gateway, headers, &key)?;
     let version = session.protocol_version;
+    // A malformed key is refused before anything is written, never ignored.
+    let idempotency_key = match single_header(headers, IDEMPOTENCY_HEADER) {
+        Err(_) => {
+            return Err(ObolError::InvalidIdempotencyKey(
+                "the header is given more than once or is not ASCII".into(),
+            ));
+        }
+        Ok(None) => None,
+        Ok(Some(text)) => Some(
+            IdempotencyKey::parse(text)
+                .map_err(|e| ObolError::InvalidIdempotencyKey(e.to_string()))?,
+        ),
+    };
     match message {
         Message::Notification | Message::Reply => Ok(accepted(version)),
         Message::Request { id, method, params } => {
-            let result = dispatch(gateway, &key, &method, params).await;
-            Ok(answer(StatusCode::OK, version, id, result))
+            let (result, claim) = dispatch(gateway, &key, &method, params, idempotency_key).await;
+            let mut response = answer(StatusCode::OK, version, id, result, claim.as_ref());
+            if let Some(claim) = claim {
+                response.headers_mut().insert(
+                    IDEMPOTENCY_HEADER,
+                    HeaderValue::from_str(claim.key.as_str()).expect("keys are ASCII"),
+                );
+            }
+            Ok(response)
         }
     }
 }
@@ -135,22 +158,28 @@ async fn dispatch(
     key: &VirtualKey,
     method: &str,
     params: Map<String, Value>,
-) -> Result<Outcome, ObolError> {
+    idempotency_key: Option<IdempotencyKey>,
+) -> (Result<Outcome, ObolError>, Option<ClaimIdentity>) {
     match method {
-        "ping" => Ok(Outcome::Value(json!({}))),
-        "tools/list" => Ok(Outcome::Raw(gateway.list_tools(key))),
+        "ping" => (Ok(Outcome::Value(json!({}))), None),
+        "tools/list" => (Ok(Outcome::Raw(gateway.list_tools(key))), None),
         "tools/call" => {
-            let request = call_request(params)?;
+            let request = match call_request(params, idempotency_key) {
+                Ok(request) => request,
+                Err(error) => return (Err(error), None),
+            };
             let catalog = gateway.catalog();
-            invoke::invoke(&gateway.services, &catalog, key, request)
-                .await
-                .map(Outcome::Value)
+            let answer = invoke::invoke(&gateway.services, &catalog, key, request).await;
+            (answer.result.map(Outcome::Value), answer.claim)
         }
-        _ => Err(ObolError::MethodNotFound),
+        _ => (Err(ObolError::MethodNotFound), None),
     }
 }
 
-fn call_request(mut params: Map<String, Value>) -> Result<CallRequest, ObolError> {
+fn call_request(
+    mut params: Map<String, Value>,
+    idempotency_key: Option<IdempotencyKey>,
+) -> Result<CallRequest, ObolError> {
     let name = match params.remove("name") {
         Some(Value::String(name)) => name,
         // A name that is not a string cannot name a tool; answer as for any unknown tool.
@@ -166,7 +195,11 @@ fn call_request(mut params: Map<String, Value>) -> Result<CallRequest, ObolError
             ));
         }
     };
-    Ok(CallRequest { name, arguments })
+    Ok(CallRequest {
+        name,
+        arguments,
+        idempotency_key,
+    })
 }
 
 fn initialize(
@@ -188,7 +221,13 @@ fn initialize(
         "serverInfo": { "name": "obol", "version": env!("CARGO_PKG_VERSION") },
         "instructions": "Tools are named connector.tool. Obol owns idempotency, retries and receipts for every call.",
     });
-    let mut response = answer(StatusCode::OK, version, id, Ok(Outcome::Value(result)));
+    let mut response = answer(
+        StatusCode::OK,
+        version,
+        id,
+        Ok(Outcome::Value(result)),
+        None,
+    );
     response.headers_mut().insert(
         SESSION_HEADER,
         HeaderValue::from_str(session.as_str()).expect("session ids are ASCII"),
@@ -406,12 +445,14 @@ enum Outcome {
     Raw(String),
 }
 
-/// A JSON-RPC response (result or error) as one SSE event.
+/// A JSON-RPC response (result or error) as one SSE event. An error raised after a claim
+/// exists names the claim's key and receipt, so the client can retry the same logical call.
 fn answer(
     status: StatusCode,
     version: &'static str,
     id: Value,
     result: Result<Outcome, ObolError>,
+    claim: Option<&ClaimIdentity>,
 ) -> Response {
     let (status, message) = match result {
         Ok(Outcome::Value(result)) => (
@@ -422,10 +463,19 @@ fn answer(
             status,
             format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{result}}}"#),
         ),
-        Err(error) => (
-            error.wire().http,
-            json!({ "jsonrpc": "2.0", "id": id, "error": error.to_jsonrpc_error() }).to_string(),
-        ),
+        Err(error) => {
+            let mut rendered = error.to_jsonrpc_error();
+            if let Some(claim) = claim
+                && let Some(data) = rendered.get_mut("data").and_then(Value::as_object_mut)
+            {
+                data.insert("idempotency_key".into(), claim.key.as_str().into());
+                data.insert("receipt_id".into(), claim.receipt_id.clone().into());
+            }
+            (
+                error.wire().http,
+                json!({ "jsonrpc": "2.0", "id": id, "error": rendered }).to_string(),
+            )
+        }
     };
     let mut response = Response::new(Body::from(format!("event: message\ndata: {message}\n\n")));
     decorate(&mut response, status, version);
@@ -433,7 +483,7 @@ fn answer(
 }
 
 fn rejection(error: &ObolError, id: Value, version: &'static str) -> Response {
-    let mut response = answer(StatusCode::OK, version, id, Err(error.clone()));
+    let mut response = answer(StatusCode::OK, version, id, Err(error.clone()), None);
     if matches!(error, ObolError::Unauthenticated(_)) {
         response.headers_mut().insert(
             header::WWW_AUTHENTICATE,

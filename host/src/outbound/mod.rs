@@ -29,7 +29,7 @@ const HOST_OWNED_HEADERS: [&str; 9] = [
 ];
 
 /// A request that passed every check and carries everything the host adds.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Prepared {
     method: Method,
     url: reqwest::Url,
@@ -117,6 +117,15 @@ impl Prepared {
             headers,
             body,
         })
+    }
+
+    pub fn method(&self) -> &Method {
+        &self.method
+    }
+
+    /// `scheme://host:port` of the destination (non-secret: query strings are left out).
+    pub fn origin(&self) -> String {
+        self.url.origin().ascii_serialization()
     }
 }
 

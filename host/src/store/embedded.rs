@@ -51,7 +51,7 @@ enum Op {
         slot: String,
         expected_version: u64,
         next: Vec<u8>,
-        receipt: Option<Receipt>,
+        receipt: Option<Box<Receipt>>,
         reply: oneshot::Sender<Result<bool, StoreError>>,
     },
 }
@@ -115,7 +115,7 @@ impl EmbeddedStore {
             slot: key.slot(),
             expected_version: expected.version,
             next: serde_json::to_vec(next).map_err(failed)?,
-            receipt: receipt.cloned(),
+            receipt: receipt.cloned().map(Box::new),
             reply,
         })?;
         answer

@@ -1,0 +1,128 @@
+//! The Redis backend against a real redis-server: the store contract, gateways sharing one
+//! Redis, Redis restarts and outages.
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::idempotency::{key, meta, storm};
+use crate::support::{
+    GatewayConfig, GatewayProcess, McpClient, MockVendor, RedisServer, Reply, TOKEN,
+};
+
+fn on_redis(vendor: &MockVendor, redis: &RedisServer) -> GatewayConfig {
+    let mut config = GatewayConfig::new(&vendor.base_url());
+    config.store = Some(format!("redis_url = {:?}", redis.url()));
+    config
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_redis_store_keeps_the_contract() {
+    let redis = RedisServer::start();
+    let store = obol::store::Store::Redis(
+        obol::store::RedisStore::connect(&redis.url())
+            .await
+            .unwrap(),
+    );
+    obol::store::contract::run(&store).await;
+}
+
+#[tokio::test]
+async fn two_gateways_sharing_redis_send_once() {
+    let redis = RedisServer::start();
+    let vendor = MockVendor::start().await;
+    vendor.on(
+        "/v1/refunds",
+        Reply::json(200, json!({"id": "re_s", "object": "refund", "amount": 100, "charge": "ch_storm", "status": "succeeded"}))
+            .after(Duration::from_millis(300)),
+    );
+    let config = on_redis(&vendor, &redis);
+    let a = GatewayProcess::start(&config);
+    let b = GatewayProcess::start(&config);
+    let (ok, not_ready) = storm(&[a.url.clone(), b.url.clone()], &key("shared"), 100).await;
+    assert_eq!(vendor.count("/v1/refunds"), 1);
+    assert_eq!(ok + not_ready, 100);
+}
+
+#[tokio::test]
+async fn a_claim_survives_a_redis_restart() {
+    let mut redis = RedisServer::start();
+    let vendor = MockVendor::start().await;
+    let gateway = GatewayProcess::start(&on_redis(&vendor, &redis));
+    let k = key("restart");
+    let client = McpClient::with_key(&gateway.url, TOKEN, &k).await;
+    let args = json!({"title": "once"});
+    let first = client
+        .call("tracker.issues.create", args.clone())
+        .await
+        .unwrap();
+    assert_eq!(vendor.count("/repos/acme/app/issues"), 1);
+
+    redis.restart(); // SIGKILL and start again from the append-only file
+    // The connection comes back; the claim is still there, so the call is a replay.
+    let mut again = None;
+    for _ in 0..50 {
+        match client.call("tracker.issues.create", args.clone()).await {
+            Ok(result) => {
+                again = Some(result);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    let again = again.expect("the gateway reconnected to Redis");
+    assert_eq!(meta(&again)["replayed"], json!(true));
+    assert_eq!(again.structured_content, first.structured_content);
+    assert_eq!(
+        vendor.count("/repos/acme/app/issues"),
+        1,
+        "redispatched after a Redis restart"
+    );
+}
+
+#[tokio::test]
+async fn redis_down_fails_closed() {
+    let mut redis = RedisServer::start();
+    let vendor = MockVendor::start().await;
+    let gateway = GatewayProcess::start(&on_redis(&vendor, &redis));
+    let client = McpClient::connect(&gateway.url, TOKEN).await;
+
+    // Down before the claim: nothing is sent.
+    redis.stop();
+    let (code, _, data) = client
+        .call_err("tracker.issues.create", json!({"title": "x"}))
+        .await;
+    assert_eq!(code, -32042, "{data:?}");
+    assert_eq!(data.unwrap()["retryable"], json!(true));
+    assert_eq!(vendor.count("/repos/acme/app/issues"), 0);
+
+    // Down while the vendor is answering: the outcome is not exposed (not_ready).
+    redis.restart();
+    vendor.on(
+        "/repos/acme/app/issues",
+        Reply::json(
+            201,
+            json!({"number": 1, "title": "x", "state": "open", "url": "u"}),
+        )
+        .after(Duration::from_millis(800)),
+    );
+    let k = key("midcall");
+    let keyed = McpClient::with_key(&gateway.url, TOKEN, &k).await;
+    let call = tokio::spawn(async move {
+        keyed
+            .call_err("tracker.issues.create", json!({"title": "y"}))
+            .await
+    });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while vendor.count("/repos/acme/app/issues") == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the call never reached the vendor"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    redis.stop();
+    let (code, _, data) = call.await.unwrap();
+    assert_eq!(code, -32041, "{data:?}");
+    assert_eq!(vendor.count("/repos/acme/app/issues"), 1);
+}
