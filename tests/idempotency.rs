@@ -456,3 +456,58 @@ async fn a_gateway_killed_mid_call_never_sends_twice() {
         );
     }
 }
+
+#[tokio::test]
+async fn obol_receipts_reads_them_as_the_owner() {
+    let vendor = MockVendor::start().await;
+    let gateway = GatewayProcess::start(&GatewayConfig::new(&vendor.base_url()));
+    let client = McpClient::connect(&gateway.url, TOKEN).await;
+    let result = client
+        .call("stripe.charges.list", json!({"limit": 1}))
+        .await
+        .unwrap();
+    let id = meta(&result)["receipt_id"].as_str().unwrap().to_owned();
+    let base = gateway.url.trim_end_matches("/mcp").to_owned();
+    let run = |args: Vec<String>| {
+        tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            crate::support::gateway::run_obol(&args)
+        })
+    };
+    let (code, out, err) = run(vec![
+        "receipts".into(),
+        "--url".into(),
+        base.clone(),
+        "--key".into(),
+        TOKEN.into(),
+    ])
+    .await
+    .unwrap();
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains(&id), "{out}");
+    let (code, out, _) = run(vec![
+        "receipts".into(),
+        "--url".into(),
+        base.clone(),
+        "--key".into(),
+        TOKEN.into(),
+        id.clone(),
+    ])
+    .await
+    .unwrap();
+    assert_eq!(code, 0);
+    let shown: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(shown["tool"], json!("stripe.charges.list"));
+    // Another workspace's key sees nothing.
+    let (code, _, _) = run(vec![
+        "receipts".into(),
+        "--url".into(),
+        base,
+        "--key".into(),
+        "obk_test_globex".into(),
+        id,
+    ])
+    .await
+    .unwrap();
+    assert_eq!(code, 1);
+}

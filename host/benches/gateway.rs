@@ -2,9 +2,11 @@
 //!
 //! In one process and one run: the same tool call made directly against a mock vendor and
 //! through Obol (`stripe.charges.list`, rmcp-free raw HTTP so the client costs the same on both
-//! sides) at concurrency 1 and 32; the guest's own cost (instantiate + prepare + interpret);
-//! `tools/list` rendering for a key over 1,000 tools; and resident memory with 50 compiled
-//! connectors loaded. Client, gateway and mock vendor share the machine's cores.
+//! sides) at concurrency 1 and 32, on the embedded store and on Redis; the idempotency store's
+//! own cost per call (claim + reserve, then finalize + receipt + audit) with its fsyncs or
+//! round trips; the guest's own cost (instantiate + prepare + interpret); `tools/list`
+//! rendering for a key over 1,000 tools; and resident memory with 50 compiled connectors
+//! loaded. Client, gateway, Redis and mock vendor share the machine's cores.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,7 +38,159 @@ fn main() {
     memory_with_50_connectors();
     listing_over_1000_tools();
     runtime.block_on(guest_alone());
-    runtime.block_on(end_to_end());
+    let redis = Redis::start();
+    runtime.block_on(store_alone(&redis));
+    runtime.block_on(end_to_end(&redis));
+}
+
+/// A redis-server on an ephemeral port with the durability Obol asks for (AOF, fsync always).
+struct Redis {
+    port: u16,
+    child: std::process::Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Redis {
+    fn start() -> Redis {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dir = tempfile::tempdir().unwrap();
+        let child = std::process::Command::new("redis-server")
+            .args([
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                &port.to_string(),
+                "--save",
+                "",
+            ])
+            .args(["--appendonly", "yes", "--appendfsync", "always", "--dir"])
+            .arg(dir.path())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server");
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Redis {
+            port,
+            child,
+            _dir: dir,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+    }
+}
+
+/// The store's happy path for one call: claim with attempt 1 reserved, then finalize with
+/// receipt and audit record.
+async fn store_alone(redis: &Redis) {
+    use obol::idempotency::{IdempotencyKey, RequestHash};
+    use obol::store::*;
+    let dir = tempfile::tempdir().unwrap();
+    let stores = [
+        (
+            "embedded (redb, fsync)",
+            Store::Embedded(EmbeddedStore::open(&dir.path().join("b.redb")).unwrap()),
+        ),
+        (
+            "redis (AOF always)",
+            Store::Redis(RedisStore::connect(&redis.url()).await.unwrap()),
+        ),
+    ];
+    println!("idempotency store alone: claim+reserve, finalize+receipt+audit per call");
+    println!(
+        "  {:<24} {:>10} {:>10} {:>14} {:>16}",
+        "", "c=1 p50", "c=1 p99", "c=32 calls/s", "syncs per call"
+    );
+    for (label, store) in stores {
+        let one_call = |store: Store| async move {
+            let key = ClaimKey {
+                workspace: "bench".into(),
+                connection: ConnectionSegment::Resolved("stripe".into()),
+                tool: "stripe.create_refund".into(),
+                key: IdempotencyKey::mint(),
+            };
+            let record = ClaimRecord {
+                version: 1,
+                pin: Pin::new(
+                    RequestHash::of_arguments(&json!({"a": 1})),
+                    "header:idempotency-key".into(),
+                    "fp".into(),
+                ),
+                state: ClaimState::Reserved { attempt: 1 },
+                attempts: 1,
+                lease_until_ms: now_ms() + 60_000,
+                receipt_id: format!("rcp_{}", key.key.as_str()),
+                key_supplied: false,
+                created_at_ms: now_ms(),
+            };
+            assert_eq!(store.claim(&key, &record).await.unwrap(), Claim::Acquired);
+            let mut done = record.clone();
+            done.version = 2;
+            done.state = ClaimState::Finalized {
+                outcome: StoredOutcome {
+                    class: OutcomeClass::Accepted,
+                    vendor_status: Some(200),
+                    response: Ok(json!({"content": []})),
+                },
+            };
+            let receipt = Receipt {
+                id: record.receipt_id.clone(),
+                workspace: "bench".into(),
+                idempotency_key: key.key.to_string(),
+                key_source: KeySource::Minted,
+                tool: key.tool.clone(),
+                connection: "stripe".into(),
+                request_hash: record.pin.request_hash.clone(),
+                fingerprint: "fp".into(),
+                attempt_count: 1,
+                outcome: OutcomeClass::Accepted,
+                vendor_status: Some(200),
+                evidence: EvidenceClass::GatewayObserved,
+                verification: Verification::Verified,
+                note: None,
+                created_at_ms: now_ms(),
+                finalized_at_ms: now_ms(),
+            };
+            assert!(
+                store
+                    .finalize(&key, &record, &done, &receipt)
+                    .await
+                    .unwrap()
+            );
+        };
+        let serial = {
+            let store = store.clone();
+            move || one_call(store.clone())
+        };
+        let before = (store.syncs(), Instant::now());
+        let c1 = load(1, serial.clone()).await;
+        let c32 = load(32, serial).await;
+        let calls = (c1.rate + c32.rate) * RUN_FOR.as_secs_f64() + 400.0;
+        let syncs = (store.syncs() - before.0) as f64 / calls;
+        println!(
+            "  {label:<24} {:>10} {:>10} {:>14.0} {:>16.2}",
+            us(c1.p50),
+            us(c1.p99),
+            c32.rate,
+            syncs
+        );
+    }
+    println!(
+        "  (embedded: fsyncs per call, shared by group commit; redis: round trips per call)\n"
+    );
 }
 
 fn rss_mib() -> f64 {
@@ -205,7 +359,7 @@ async fn guest_alone() {
     );
 }
 
-async fn end_to_end() {
+async fn end_to_end(redis: &Redis) {
     // The mock vendor.
     let vendor = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let vendor_address = vendor.local_addr().unwrap();
@@ -215,9 +369,15 @@ async fn end_to_end() {
     );
     tokio::spawn(async move { axum::serve(vendor, app).await.unwrap() });
 
-    // The gateway, in this process.
-    let toml = format!(
-        r#"
+    // The gateway, in this process: one on the embedded store, one on Redis.
+    let dir = tempfile::tempdir().unwrap();
+    let mut urls = Vec::new();
+    for store in [
+        format!("path = {:?}", dir.path().join("obol.redb")),
+        format!("redis_url = {:?}", redis.url()),
+    ] {
+        let toml = format!(
+            r#"
         [runtime]
         max_concurrent_calls = 64
         [connectors]
@@ -234,14 +394,19 @@ async fn end_to_end() {
         workspace = "bench"
         environment = "dev"
         allowed_tools = ["stripe.*"]
+        [store]
+        {store}
         "#,
-        KeyHash::of_token(TOKEN)
-    );
-    let config = Config::parse(&toml, std::path::Path::new(".")).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let gateway_url = format!("http://{}/mcp", listener.local_addr().unwrap());
-    tokio::spawn(async move { obol::gateway::serve(config, listener).await.unwrap() });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+            KeyHash::of_token(TOKEN)
+        );
+        let config = Config::parse(&toml, std::path::Path::new(".")).unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        urls.push(format!("http://{}/mcp", listener.local_addr().unwrap()));
+        tokio::spawn(async move { obol::gateway::serve(config, listener).await.unwrap() });
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let gateway_url = urls[0].clone();
+    let redis_url = urls[1].clone();
 
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(64)
@@ -257,6 +422,19 @@ async fn end_to_end() {
         .await
         .unwrap();
     let session = init.headers()["mcp-session-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let redis_session = http
+        .post(&redis_url)
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .header("accept", "application/json, text/event-stream")
+        .header("content-type", "application/json")
+        .body(r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"bench","version":"0"}}}"#)
+        .send()
+        .await
+        .unwrap()
+        .headers()["mcp-session-id"]
         .to_str()
         .unwrap()
         .to_owned();
@@ -280,10 +458,8 @@ async fn end_to_end() {
             }
         }
     };
-    let through = |body: String| {
+    let through_at = |url: String, session: String, body: String| {
         let http = http.clone();
-        let url = gateway_url.clone();
-        let session = session.clone();
         move || {
             let (http, url, session, body) =
                 (http.clone(), url.clone(), session.clone(), body.clone());
@@ -304,19 +480,31 @@ async fn end_to_end() {
         }
     };
 
+    let through = |body: String| through_at(gateway_url.clone(), session.clone(), body);
     println!(
         "end to end: stripe.charges.list, direct GET to the mock vendor vs tools/call through Obol"
     );
-    println!("  {:<28} {:>10} {:>10} {:>12}", "", "p50", "p99", "calls/s");
+    println!(
+        "  (every call through Obol claims, reserves and finalizes with a receipt: idempotency is not optional)"
+    );
+    println!("  {:<30} {:>10} {:>10} {:>12}", "", "p50", "p99", "calls/s");
     for concurrency in [1usize, 32] {
         let d = load(concurrency, direct.clone()).await;
         let o = load(concurrency, through(call_body.clone())).await;
-        print_row(&format!("direct      c={concurrency}"), &d);
-        print_row(&format!("through Obol c={concurrency}"), &o);
+        let r = load(
+            concurrency,
+            through_at(redis_url.clone(), redis_session.clone(), call_body.clone()),
+        )
+        .await;
+        print_row(&format!("direct               c={concurrency}"), &d);
+        print_row(&format!("Obol, embedded store c={concurrency}"), &o);
+        print_row(&format!("Obol, Redis store    c={concurrency}"), &r);
         println!(
-            "  -> Obol adds {} to p50; throughput ratio {:.0} %",
+            "  -> embedded: Obol adds {} to p50, throughput {:.0} % of direct; Redis: adds {}, {:.0} %",
             us(o.p50.saturating_sub(d.p50)),
-            100.0 * o.rate / d.rate
+            100.0 * o.rate / d.rate,
+            us(r.p50.saturating_sub(d.p50)),
+            100.0 * r.rate / d.rate
         );
     }
     let l = load(1, through(list_body.to_owned())).await;

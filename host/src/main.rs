@@ -1,4 +1,4 @@
-//! The `obol` command: `serve`, `check`, `keys hash`.
+//! The `obol` command: `serve`, `check`, `receipts`, `keys hash`.
 
 use std::io::Read;
 use std::net::SocketAddr;
@@ -38,6 +38,20 @@ enum Command {
     Check {
         /// The component (.wasm) to check.
         component: PathBuf,
+    },
+    /// Read receipts from a running gateway, as the workspace owner.
+    Receipts {
+        /// The gateway's base URL.
+        #[arg(long, default_value = "http://127.0.0.1:8780")]
+        url: String,
+        /// A key of the workspace (or set OBOL_KEY).
+        #[arg(long, env = "OBOL_KEY", hide_env_values = true)]
+        key: String,
+        /// How many of the newest receipts to list.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+        /// Show one receipt instead of listing.
+        id: Option<String>,
     },
     /// Manage virtual keys.
     Keys {
@@ -127,6 +141,36 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
                     Ok(ExitCode::from(2))
                 }
             }
+        }
+        Command::Receipts {
+            url,
+            key,
+            limit,
+            id,
+        } => {
+            let path = match &id {
+                Some(id) => format!("/v1/receipts/{id}"),
+                None => format!("/v1/receipts?limit={limit}"),
+            };
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            let (status, body) = runtime.block_on(async {
+                let response = reqwest::Client::new()
+                    .get(format!("{}{path}", url.trim_end_matches('/')))
+                    .bearer_auth(&key)
+                    .send()
+                    .await?;
+                let status = response.status();
+                let body: serde_json::Value = response.json().await?;
+                anyhow::Ok((status, body))
+            })?;
+            println!("{}", serde_json::to_string_pretty(&body)?);
+            Ok(if status.is_success() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
         }
         Command::Keys {
             command: KeysCommand::Hash { token },
