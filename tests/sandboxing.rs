@@ -173,3 +173,28 @@ async fn a_broken_hot_loaded_component_is_reported_and_skipped() {
     still_serving(&client).await;
     client.close().await;
 }
+
+#[tokio::test]
+async fn a_restart_loads_compiled_components_from_the_cache() {
+    let vendor = MockVendor::start().await;
+    let config = GatewayConfig::new(&vendor.base_url());
+    let first = GatewayProcess::start(&config);
+    assert_eq!(
+        first.log().matches("compiled a component").count(),
+        3,
+        "{}",
+        first.log()
+    );
+    let dir = first.kill();
+    let second = GatewayProcess::start_in(&config, dir);
+    let log = second.log();
+    assert_eq!(
+        log.matches("loaded a component from the compile cache")
+            .count(),
+        3,
+        "{log}"
+    );
+    assert_eq!(log.matches("compiled a component").count(), 0, "{log}");
+    let client = McpClient::connect(&second.url, TOKEN).await;
+    still_serving(&client).await;
+}

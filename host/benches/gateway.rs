@@ -375,6 +375,7 @@ async fn end_to_end(redis: &Redis) {
     for store in [
         format!("path = {:?}", dir.path().join("obol.redb")),
         format!("redis_url = {:?}", redis.url()),
+        "volatile = true".to_owned(),
     ] {
         let toml = format!(
             r#"
@@ -407,6 +408,7 @@ async fn end_to_end(redis: &Redis) {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let gateway_url = urls[0].clone();
     let redis_url = urls[1].clone();
+    let volatile_url = urls[2].clone();
 
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(64)
@@ -427,6 +429,19 @@ async fn end_to_end(redis: &Redis) {
         .to_owned();
     let redis_session = http
         .post(&redis_url)
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .header("accept", "application/json, text/event-stream")
+        .header("content-type", "application/json")
+        .body(r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"bench","version":"0"}}}"#)
+        .send()
+        .await
+        .unwrap()
+        .headers()["mcp-session-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let volatile_session = http
+        .post(&volatile_url)
         .header("authorization", format!("Bearer {TOKEN}"))
         .header("accept", "application/json, text/event-stream")
         .header("content-type", "application/json")
@@ -499,12 +514,24 @@ async fn end_to_end(redis: &Redis) {
         print_row(&format!("direct               c={concurrency}"), &d);
         print_row(&format!("Obol, embedded store c={concurrency}"), &o);
         print_row(&format!("Obol, Redis store    c={concurrency}"), &r);
+        let v = load(
+            concurrency,
+            through_at(
+                volatile_url.clone(),
+                volatile_session.clone(),
+                call_body.clone(),
+            ),
+        )
+        .await;
+        print_row(&format!("Obol, claims in RAM  c={concurrency}"), &v);
         println!(
-            "  -> embedded: Obol adds {} to p50, throughput {:.0} % of direct; Redis: adds {}, {:.0} %",
+            "  -> Obol adds to p50 / throughput vs direct: embedded {} / {:.0} %, Redis {} / {:.0} %, no durability {} / {:.0} %",
             us(o.p50.saturating_sub(d.p50)),
             100.0 * o.rate / d.rate,
             us(r.p50.saturating_sub(d.p50)),
-            100.0 * r.rate / d.rate
+            100.0 * r.rate / d.rate,
+            us(v.p50.saturating_sub(d.p50)),
+            100.0 * v.rate / d.rate
         );
     }
     let l = load(1, through(list_body.to_owned())).await;

@@ -60,6 +60,9 @@ pub enum StoreBackend {
     Embedded(PathBuf),
     /// `redis://…`, for several gateways sharing state.
     Redis(String),
+    /// In memory, no durability (`volatile = true`): benchmarks only; not in shipped builds.
+    #[cfg(feature = "test-util")]
+    Volatile,
 }
 
 /// Limits applied to every guest call.
@@ -200,6 +203,9 @@ struct File {
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct StoreFile {
+    #[cfg(feature = "test-util")]
+    #[serde(default)]
+    volatile: bool,
     path: Option<PathBuf>,
     redis_url: Option<String>,
     lease_ms: Option<u64>,
@@ -455,6 +461,8 @@ impl Config {
         }
 
         let ms = Duration::from_millis;
+        #[cfg(feature = "test-util")]
+        let volatile = file.store.volatile;
         let backend = match (file.store.path, file.store.redis_url) {
             (Some(_), Some(_)) => {
                 return Err(invalid(
@@ -469,6 +477,12 @@ impl Config {
             (_, Some(url)) => StoreBackend::Redis(url),
             (Some(path), None) => StoreBackend::Embedded(resolve(&path)),
             (None, None) => StoreBackend::Embedded(resolve(Path::new("obol.redb"))),
+        };
+        #[cfg(feature = "test-util")]
+        let backend = if volatile {
+            StoreBackend::Volatile
+        } else {
+            backend
         };
         let request_timeout = ms(file.outbound.request_timeout_ms.unwrap_or(30_000));
         let call_deadline = ms(file.runtime.call_deadline_ms.unwrap_or(2_000));

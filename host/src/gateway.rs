@@ -144,6 +144,11 @@ pub async fn open_store(config: &StoreConfig) -> anyhow::Result<Store> {
             tracing::info!("using the Redis store");
             Store::Redis(store)
         }
+        #[cfg(feature = "test-util")]
+        StoreBackend::Volatile => {
+            tracing::warn!("using a volatile in-memory store: nothing survives a restart");
+            Store::Volatile(crate::store::VolatileStore::default())
+        }
     })
 }
 

@@ -40,13 +40,22 @@ impl CompileCache {
             // or foreign file is therefore the same threat as a replaced gateway binary.
             #[allow(unsafe_code)]
             match unsafe { Component::deserialize_file(engine, &path) } {
-                Ok(component) => return Ok(component),
+                Ok(component) => {
+                    tracing::debug!(digest, "loaded a component from the compile cache");
+                    return Ok(component);
+                }
                 Err(error) => {
                     tracing::warn!(path = %path.display(), "ignoring unusable compile cache entry: {error}");
                 }
             }
         }
+        let started = std::time::Instant::now();
         let component = Component::new(engine, bytes).map_err(|e| format!("{e:#}"))?;
+        tracing::debug!(
+            digest,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "compiled a component"
+        );
         if let Err(error) = self.store(&path, &component) {
             tracing::warn!(dir = %self.dir.display(), "cannot write the compile cache: {error}");
         }

@@ -144,9 +144,11 @@ async fn keys_are_independent(store: &Store) {
     other_workspace.workspace = "globex".into();
     let mut other_tool = base.clone();
     other_tool.tool = "stripe.charges.list".into();
+    let mut other_connection = base.clone();
+    other_connection.connection = ConnectionSegment::Resolved("stripe-eu".into());
     let mut capability = base.clone();
     capability.connection = ConnectionSegment::Capability;
-    for k in [other_workspace, other_tool, capability] {
+    for k in [other_workspace, other_tool, other_connection, capability] {
         assert_eq!(store.claim(&k, &r).await.unwrap(), Claim::Acquired, "{k:?}");
     }
 }
@@ -159,6 +161,7 @@ mod tests {
         let path = dir.path().join("obol.redb");
         let store = super::Store::Embedded(super::EmbeddedStore::open(&path).unwrap());
         super::run(&store).await;
+        super::run(&super::Store::Volatile(super::VolatileStore::default())).await;
         let k = super::key(7);
         let r = super::record();
         store.claim(&k, &r).await.unwrap();

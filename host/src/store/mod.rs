@@ -12,6 +12,8 @@
 pub mod contract;
 mod embedded;
 mod redis;
+#[cfg(feature = "test-util")]
+mod volatile;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -20,6 +22,8 @@ use crate::idempotency::{IdempotencyKey, RequestHash};
 
 pub use embedded::EmbeddedStore;
 pub use redis::RedisStore;
+#[cfg(feature = "test-util")]
+pub use volatile::VolatileStore;
 
 /// Where a claim lives: workspace, resolved connection, tool, key (ADR-0044).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -221,6 +225,9 @@ pub struct StoreError(pub String);
 pub enum Store {
     Embedded(EmbeddedStore),
     Redis(RedisStore),
+    /// In memory, no durability: only for measuring what durability costs.
+    #[cfg(feature = "test-util")]
+    Volatile(VolatileStore),
 }
 
 impl Store {
@@ -229,6 +236,8 @@ impl Store {
         match self {
             Store::Embedded(s) => s.claim(key, record).await,
             Store::Redis(s) => s.claim(key, record).await,
+            #[cfg(feature = "test-util")]
+            Store::Volatile(s) => s.claim(key, record).await,
         }
     }
 
@@ -243,6 +252,8 @@ impl Store {
         match self {
             Store::Embedded(s) => s.transition(key, expected, next, None).await,
             Store::Redis(s) => s.transition(key, expected, next, None).await,
+            #[cfg(feature = "test-util")]
+            Store::Volatile(s) => s.transition(key, expected, next, None).await,
         }
     }
 
@@ -259,6 +270,8 @@ impl Store {
         match self {
             Store::Embedded(s) => s.transition(key, expected, next, Some(receipt)).await,
             Store::Redis(s) => s.transition(key, expected, next, Some(receipt)).await,
+            #[cfg(feature = "test-util")]
+            Store::Volatile(s) => s.transition(key, expected, next, Some(receipt)).await,
         }
     }
 
@@ -266,6 +279,8 @@ impl Store {
         match self {
             Store::Embedded(s) => s.get(key).await,
             Store::Redis(s) => s.get(key).await,
+            #[cfg(feature = "test-util")]
+            Store::Volatile(s) => s.get(key).await,
         }
     }
 
@@ -273,6 +288,8 @@ impl Store {
         match self {
             Store::Embedded(s) => s.receipt(workspace, id).await,
             Store::Redis(s) => s.receipt(workspace, id).await,
+            #[cfg(feature = "test-util")]
+            Store::Volatile(s) => s.receipt(workspace, id).await,
         }
     }
 
@@ -285,6 +302,8 @@ impl Store {
         match self {
             Store::Embedded(s) => s.receipts(workspace, limit).await,
             Store::Redis(s) => s.receipts(workspace, limit).await,
+            #[cfg(feature = "test-util")]
+            Store::Volatile(s) => s.receipts(workspace, limit).await,
         }
     }
 
@@ -294,6 +313,8 @@ impl Store {
         match self {
             Store::Embedded(s) => s.syncs(),
             Store::Redis(s) => s.syncs(),
+            #[cfg(feature = "test-util")]
+            Store::Volatile(_) => 0,
         }
     }
 }
