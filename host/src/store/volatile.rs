@@ -81,7 +81,7 @@ impl VolatileStore {
             .filter(|r| r.workspace == workspace)
             .cloned()
             .collect();
-        found.sort_by(|a, b| b.finalized_at_ms.cmp(&a.finalized_at_ms));
+        found.sort_by_key(|r| std::cmp::Reverse(r.finalized_at_ms));
         found.truncate(limit);
         Ok(found)
     }
