@@ -10,6 +10,7 @@
 mod support;
 
 mod idempotency;
+mod policy;
 mod python_client;
 mod redis_store;
 mod sandboxing;

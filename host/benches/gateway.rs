@@ -16,7 +16,7 @@ use axum::Router;
 use axum::routing::get;
 use obol::catalog::{Catalog, Connector, Manifest};
 use obol::config::{Config, RuntimeConfig};
-use obol::policy::{KeyHash, ToolGlob, VirtualKey};
+use obol::policy::{Environment, KeyHash, Scope, ToolGlob, VirtualKey};
 use obol::runtime::{Runtime, wit};
 use serde_json::json;
 
@@ -281,8 +281,10 @@ fn listing_over_1000_tools() {
         name: "bench".into(),
         hash: KeyHash::of_token(TOKEN),
         workspace: "bench".into(),
-        environment: "dev".into(),
+        environment: Environment::Dev,
         allowed_tools: vec![ToolGlob::parse("conn*").unwrap()],
+        scopes: vec![Scope::Mcp],
+        filter: None,
     };
     let mut samples = Vec::new();
     let mut size = 0;

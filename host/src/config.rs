@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::policy::{KeyHash, ToolGlob};
+use crate::policy::{Environment, KeyHash, Scope, ToolFilter, ToolGlob};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -30,6 +30,8 @@ pub enum ConfigError {
 #[derive(Debug, Clone)]
 pub struct Config {
     pub listen: SocketAddr,
+    /// The environment this deployment serves; keys of another environment are refused.
+    pub environment: Environment,
     /// Browser origins allowed to call `/mcp`; requests without an `Origin` header (non-browser
     /// clients) are always accepted.
     pub allowed_origins: Vec<String>,
@@ -95,6 +97,8 @@ pub enum ComponentSource {
 #[derive(Debug, Clone)]
 pub struct WorkspaceConfig {
     pub id: String,
+    /// A frozen workspace refuses every call.
+    pub frozen: bool,
     pub connections: Vec<ConnectionConfig>,
 }
 
@@ -104,6 +108,8 @@ pub struct ConnectionConfig {
     pub id: String,
     /// The connector's manifest name, which is also the tool prefix.
     pub connector: String,
+    /// The environment the connection's tools belong to (the deployment's by default).
+    pub environment: Environment,
     pub base_url: BaseUrl,
     pub settings: BTreeMap<String, String>,
     pub secret: Option<SecretRef>,
@@ -173,8 +179,10 @@ pub struct KeyConfig {
     pub name: String,
     pub hash: KeyHash,
     pub workspace: String,
-    pub environment: String,
+    pub environment: Environment,
     pub allowed_tools: Vec<ToolGlob>,
+    pub scopes: Vec<Scope>,
+    pub filter: Option<ToolFilter>,
 }
 
 // --- The file format. Private: everything above is what the rest of the gateway sees. -------
@@ -216,6 +224,7 @@ struct StoreFile {
 struct ServerFile {
     #[serde(default = "default_listen")]
     listen: SocketAddr,
+    environment: Option<String>,
     #[serde(default)]
     allowed_origins: Option<Vec<String>>,
 }
@@ -224,6 +233,7 @@ impl Default for ServerFile {
     fn default() -> Self {
         ServerFile {
             listen: default_listen(),
+            environment: None,
             allowed_origins: None,
         }
     }
@@ -271,6 +281,8 @@ struct SandboxFile {
 struct WorkspaceFile {
     id: String,
     #[serde(default)]
+    frozen: bool,
+    #[serde(default)]
     connections: Vec<ConnectionFile>,
 }
 
@@ -279,6 +291,7 @@ struct WorkspaceFile {
 struct ConnectionFile {
     id: String,
     connector: String,
+    environment: Option<String>,
     base_url: String,
     #[serde(default)]
     settings: BTreeMap<String, String>,
@@ -306,6 +319,10 @@ struct KeyFile {
     allowed_tools: Vec<String>,
     #[serde(default)]
     tools_mode: Option<String>,
+    /// What the key may use: `mcp` (default), `receipts`, `approvals`, `route`.
+    scopes: Option<Vec<String>>,
+    /// A CEL expression over `tool` and `key` that must hold for a tool to be visible.
+    filter: Option<String>,
 }
 
 impl Config {
@@ -350,6 +367,10 @@ impl Config {
             })
             .collect::<Result<Vec<_>, _>>()?;
 
+        let environment = match &file.server.environment {
+            None => Environment::Dev,
+            Some(name) => Environment::parse(name).map_err(|e| invalid(format!("[server] {e}")))?,
+        };
         let mut workspaces = Vec::new();
         for workspace in file.workspaces {
             if workspace.id.is_empty() {
@@ -400,9 +421,15 @@ impl Config {
                         })
                     })
                     .transpose()?;
+                let connection_environment = match &connection.environment {
+                    None => environment,
+                    Some(name) => Environment::parse(name)
+                        .map_err(|e| invalid(format!("connection {:?}: {e}", connection.id)))?,
+                };
                 connections.push(ConnectionConfig {
                     id: connection.id,
                     connector: connection.connector,
+                    environment: connection_environment,
                     base_url,
                     settings: connection.settings,
                     secret,
@@ -410,6 +437,7 @@ impl Config {
             }
             workspaces.push(WorkspaceConfig {
                 id: workspace.id,
+                frozen: workspace.frozen,
                 connections,
             });
         }
@@ -451,12 +479,30 @@ impl Config {
                 .map(|g| ToolGlob::parse(g))
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(|e| invalid(format!("key {:?}: {e}", key.name)))?;
+            let key_environment = Environment::parse(&key.environment)
+                .map_err(|e| invalid(format!("key {:?}: {e}", key.name)))?;
+            let scopes = match &key.scopes {
+                None => vec![Scope::Mcp],
+                Some(names) => names
+                    .iter()
+                    .map(|n| Scope::parse(n))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| invalid(format!("key {:?}: {e}", key.name)))?,
+            };
+            let filter = key
+                .filter
+                .as_deref()
+                .map(ToolFilter::compile)
+                .transpose()
+                .map_err(|e| invalid(format!("key {:?}: {e}", key.name)))?;
             keys.push(KeyConfig {
                 name: key.name,
                 hash,
                 workspace: key.workspace,
-                environment: key.environment,
+                environment: key_environment,
                 allowed_tools,
+                scopes,
+                filter,
             });
         }
 
@@ -490,6 +536,7 @@ impl Config {
         let default_lease = 2 * (request_timeout + call_deadline) + Duration::from_secs(5);
         Ok(Config {
             listen: file.server.listen,
+            environment,
             allowed_origins: file.server.allowed_origins.unwrap_or_default(),
             runtime: RuntimeConfig {
                 memory_limit_bytes: file.runtime.memory_limit_mib.unwrap_or(64) << 20,

@@ -34,6 +34,15 @@ pub enum ObolError {
     UnknownSession,
     #[error("invalid Idempotency-Key: {0}")]
     InvalidIdempotencyKey(String),
+    #[error("this gateway serves the {served} environment; the key belongs to {key}")]
+    EnvironmentMismatch {
+        served: &'static str,
+        key: &'static str,
+    },
+    #[error("the workspace is frozen: every call is refused")]
+    Frozen,
+    #[error("the key lacks the {0:?} scope")]
+    ScopeDenied(&'static str),
 
     // --- JSON-RPC. --------------------------------------------------------------------------
     #[error("parse error: {0}")]
@@ -121,6 +130,11 @@ impl ObolError {
             SessionRequired => (-32008, StatusCode::BAD_REQUEST, "session_required", false),
             MalformedHeader { .. } => (-32009, StatusCode::BAD_REQUEST, "malformed_header", false),
             UnknownSession => (-32010, StatusCode::NOT_FOUND, "unknown_session", false),
+            EnvironmentMismatch { .. } => {
+                (-32012, StatusCode::FORBIDDEN, "environment_mismatch", false)
+            }
+            Frozen => (-32013, StatusCode::FORBIDDEN, "frozen", false),
+            ScopeDenied(_) => (-32014, StatusCode::FORBIDDEN, "scope_denied", false),
             InvalidIdempotencyKey(_) => (
                 -32011,
                 StatusCode::BAD_REQUEST,
@@ -232,6 +246,12 @@ mod tests {
             ObolError::OutputSchemaViolation,
             ObolError::CredentialUnavailable,
             ObolError::InvalidIdempotencyKey(String::new()),
+            ObolError::EnvironmentMismatch {
+                served: "prod",
+                key: "dev",
+            },
+            ObolError::Frozen,
+            ObolError::ScopeDenied("mcp"),
             ObolError::IdempotencyConflict,
             ObolError::NotReady,
             ObolError::StoreUnavailable,

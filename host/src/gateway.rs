@@ -1,5 +1,6 @@
 //! The running gateway: shared state, startup, hot reload and the HTTP server.
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
 
@@ -8,11 +9,12 @@ use tokio::sync::broadcast;
 
 use crate::catalog::{Catalog, Loader};
 use crate::config::{Config, StoreBackend, StoreConfig, WorkspaceConfig};
+use crate::error::ObolError;
 use crate::http;
 use crate::invoke::Services;
 use crate::mcp::{self, SessionId, Sessions};
 use crate::outbound::Outbound;
-use crate::policy::{KeyHash, KeyTable, VirtualKey};
+use crate::policy::{Environment, KeyHash, KeyTable, Scope, VirtualKey};
 use crate::runtime::Runtime;
 use crate::store::{EmbeddedStore, RedisStore, Store};
 
@@ -32,6 +34,8 @@ pub struct Gateway {
     workspaces: Vec<WorkspaceConfig>,
     allowed_origins: Vec<String>,
     events: broadcast::Sender<Event>,
+    environment: Environment,
+    frozen: HashSet<String>,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -71,7 +75,48 @@ impl Gateway {
             workspaces: config.workspaces.clone(),
             allowed_origins: config.allowed_origins.clone(),
             events,
+            environment: config.environment,
+            frozen: config
+                .workspaces
+                .iter()
+                .filter(|w| w.frozen)
+                .map(|w| w.id.clone())
+                .collect(),
         })
+    }
+
+    /// Every check that precedes an endpoint, in order: credentials (401), environment,
+    /// freeze and scope (403). `authorization` is the raw `Authorization` header value.
+    pub fn admit(
+        &self,
+        authorization: Option<&str>,
+        scope: Scope,
+    ) -> Result<Arc<VirtualKey>, ObolError> {
+        let authorization =
+            authorization.ok_or(ObolError::Unauthenticated("no Authorization header"))?;
+        let token = authorization
+            .strip_prefix("Bearer ")
+            .filter(|t| !t.is_empty() && !t.contains(' '))
+            .ok_or(ObolError::Unauthenticated(
+                "the Authorization header must be \"Bearer <key>\"",
+            ))?;
+        let key = self
+            .keys
+            .authenticate(token)
+            .ok_or(ObolError::Unauthenticated("unknown key"))?;
+        if key.environment != self.environment {
+            return Err(ObolError::EnvironmentMismatch {
+                served: self.environment.as_str(),
+                key: key.environment.as_str(),
+            });
+        }
+        if self.frozen.contains(&key.workspace) {
+            return Err(ObolError::Frozen);
+        }
+        if !key.has_scope(scope) {
+            return Err(ObolError::ScopeDenied(scope.as_str()));
+        }
+        Ok(key)
     }
 
     /// The current snapshot; a call keeps the one it started with.

@@ -14,6 +14,22 @@ pub struct Key {
     pub token: String,
     pub workspace: String,
     pub allowed_tools: Vec<String>,
+    pub environment: String,
+    pub scopes: Vec<String>,
+    pub filter: Option<String>,
+}
+
+impl Key {
+    pub fn new(token: &str, workspace: &str, allowed: &[&str]) -> Key {
+        Key {
+            token: token.into(),
+            workspace: workspace.into(),
+            allowed_tools: allowed.iter().map(|s| s.to_string()).collect(),
+            environment: "dev".into(),
+            scopes: vec!["mcp".into(), "receipts".into()],
+            filter: None,
+        }
+    }
 }
 
 /// Builds an `obol.toml` for one test.
@@ -29,6 +45,12 @@ pub struct GatewayConfig {
     pub env: Vec<(String, String)>,
     /// `[store]` settings; the embedded file in the test's directory by default.
     pub store: Option<String>,
+    /// The environment the gateway serves (`dev` by default).
+    pub environment: Option<String>,
+    /// Workspaces to freeze.
+    pub frozen: Vec<String>,
+    /// The environment of the `acme` connections (the gateway's by default).
+    pub connection_environment: Option<String>,
 }
 
 impl GatewayConfig {
@@ -44,36 +66,30 @@ impl GatewayConfig {
             connectors_dir: false,
             vendor: vendor.to_owned(),
             keys: vec![
-                Key {
-                    token: TOKEN.into(),
-                    workspace: "acme".into(),
-                    allowed_tools: vec!["*".into()],
-                },
-                Key {
-                    token: "obk_test_globex".into(),
-                    workspace: "globex".into(),
-                    allowed_tools: vec!["*".into()],
-                },
+                Key::new(TOKEN, "acme", &["*"]),
+                Key::new("obk_test_globex", "globex", &["*"]),
             ],
             extra: String::new(),
             allowed_origins: None,
             env: Vec::new(),
             store: None,
+            environment: None,
+            frozen: Vec::new(),
+            connection_environment: None,
         }
     }
 
     pub fn with_key(mut self, token: &str, workspace: &str, allowed: &[&str]) -> GatewayConfig {
-        self.keys.push(Key {
-            token: token.into(),
-            workspace: workspace.into(),
-            allowed_tools: allowed.iter().map(|s| s.to_string()).collect(),
-        });
+        self.keys.push(Key::new(token, workspace, allowed));
         self
     }
 
     fn render(&self, dir: &Path) -> String {
         let mut toml = String::new();
         writeln!(toml, "[server]\nlisten = \"127.0.0.1:0\"").unwrap();
+        if let Some(environment) = &self.environment {
+            writeln!(toml, "environment = {environment:?}").unwrap();
+        }
         if let Some(origins) = &self.allowed_origins {
             writeln!(toml, "allowed_origins = {origins:?}").unwrap();
         }
@@ -98,7 +114,12 @@ impl GatewayConfig {
             .unwrap();
         }
         std::fs::write(dir.join("secret.txt"), SECRET).unwrap();
-        writeln!(toml, "[[workspaces]]\nid = \"acme\"").unwrap();
+        writeln!(
+            toml,
+            "[[workspaces]]\nid = \"acme\"\nfrozen = {}",
+            self.frozen.iter().any(|w| w == "acme")
+        )
+        .unwrap();
         for (id, connector, secret) in [
             ("stripe-main", "stripe", true),
             ("tracker-main", "tracker", false),
@@ -110,6 +131,9 @@ impl GatewayConfig {
                 self.vendor
             )
             .unwrap();
+            if let Some(environment) = &self.connection_environment {
+                writeln!(toml, "environment = {environment:?}").unwrap();
+            }
             if secret {
                 writeln!(
                     toml,
@@ -126,16 +150,26 @@ impl GatewayConfig {
                 .unwrap();
             }
         }
-        writeln!(toml, "[[workspaces]]\nid = \"globex\"").unwrap();
+        writeln!(
+            toml,
+            "[[workspaces]]\nid = \"globex\"\nfrozen = {}",
+            self.frozen.iter().any(|w| w == "globex")
+        )
+        .unwrap();
         for (index, key) in self.keys.iter().enumerate() {
             writeln!(
                 toml,
-                "[[keys]]\nname = \"key-{index}\"\nhash = \"{}\"\nworkspace = \"{}\"\nenvironment = \"dev\"\nallowed_tools = {:?}",
+                "[[keys]]\nname = \"key-{index}\"\nhash = \"{}\"\nworkspace = \"{}\"\nenvironment = {:?}\nallowed_tools = {:?}\nscopes = {:?}",
                 key_hash(&key.token),
                 key.workspace,
-                key.allowed_tools
+                key.environment,
+                key.allowed_tools,
+                key.scopes
             )
             .unwrap();
+            if let Some(filter) = &key.filter {
+                writeln!(toml, "filter = {filter:?}").unwrap();
+            }
         }
         match &self.store {
             Some(store) => writeln!(toml, "[store]\n{store}").unwrap(),

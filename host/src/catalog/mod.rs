@@ -125,8 +125,8 @@ impl Catalog {
     pub fn listing(&self, key: &VirtualKey) -> String {
         let mut tools = String::from("{\"tools\":[");
         if let Some(workspace) = self.workspaces.get(&key.workspace) {
-            for (name, route) in &workspace.routes {
-                if key.allows(name) {
+            for route in workspace.routes.values() {
+                if crate::policy::visible(key, route) {
                     if !tools.ends_with('[') {
                         tools.push(',');
                     }

@@ -14,7 +14,7 @@ use axum::routing::get;
 use serde_json::json;
 
 use crate::gateway::Gateway;
-use crate::policy::VirtualKey;
+use crate::policy::{Scope, VirtualKey};
 
 pub fn router(gateway: Arc<Gateway>) -> Router {
     Router::new()
@@ -33,17 +33,19 @@ fn error(status: StatusCode, kind: &str, message: &str) -> Response {
     (status, axum::Json(body)).into_response()
 }
 
+/// The same admission as `/mcp` (one rule, one place), with the receipts scope.
 fn authenticate(gateway: &Gateway, headers: &HeaderMap) -> Result<Arc<VirtualKey>, Box<Response>> {
-    headers
+    let authorization = headers
         .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .and_then(|token| gateway.keys.authenticate(token))
-        .ok_or_else(|| {
+        .map(|v| v.to_str().unwrap_or(""));
+    gateway
+        .admit(authorization, Scope::Receipts)
+        .map_err(|refused| {
+            let wire = refused.wire();
             Box::new(error(
-                StatusCode::UNAUTHORIZED,
-                "unauthenticated",
-                "missing or invalid credentials",
+                wire.http,
+                wire.kind.unwrap_or("unauthenticated"),
+                &refused.to_string(),
             ))
         })
 }

@@ -538,7 +538,7 @@ fn binding_label(propagation: &Propagation) -> String {
 pub fn route(catalog: &Catalog, key: &VirtualKey, name: &str) -> Option<Arc<Route>> {
     let parsed = ToolName::parse(name)?;
     let route = catalog.route(&key.workspace, parsed.as_str())?;
-    key.allows(route.name.as_str()).then(|| Arc::clone(route))
+    crate::policy::visible(key, route).then(|| Arc::clone(route))
 }
 
 fn guest_failed(failure: GuestFailure) -> ObolError {

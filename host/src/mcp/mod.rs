@@ -24,7 +24,7 @@ use crate::error::ObolError;
 use crate::gateway::{Event, Gateway};
 use crate::idempotency::IdempotencyKey;
 use crate::invoke::{self, CallRequest, ClaimIdentity};
-use crate::policy::VirtualKey;
+use crate::policy::{Scope, VirtualKey};
 
 pub use session::{Session, SessionId, Sessions};
 
@@ -67,18 +67,8 @@ fn admit(gateway: &Gateway, headers: &HeaderMap) -> Result<Arc<VirtualKey>, Obol
         return Err(ObolError::OriginNotAllowed(origin.to_owned()));
     }
     let authorization = single_header(headers, header::AUTHORIZATION.as_str())
-        .map_err(|_| ObolError::Unauthenticated("the Authorization header is malformed"))?
-        .ok_or(ObolError::Unauthenticated("no Authorization header"))?;
-    let token = authorization
-        .strip_prefix("Bearer ")
-        .filter(|t| !t.is_empty() && !t.contains(' '))
-        .ok_or(ObolError::Unauthenticated(
-            "the Authorization header must be \"Bearer <key>\"",
-        ))?;
-    gateway
-        .keys
-        .authenticate(token)
-        .ok_or(ObolError::Unauthenticated("unknown key"))
+        .map_err(|_| ObolError::Unauthenticated("the Authorization header is malformed"))?;
+    gateway.admit(authorization, Scope::Mcp)
 }
 
 async fn post(gateway: &Gateway, headers: &HeaderMap, body: Body) -> Result<Response, ObolError> {

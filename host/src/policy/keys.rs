@@ -6,8 +6,73 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
-use super::ToolGlob;
+use super::{ToolFilter, ToolGlob};
 use crate::config::KeyConfig;
+
+/// A deployment environment. A gateway serves one; a key and a tool belong to one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Environment {
+    Dev,
+    Staging,
+    Prod,
+}
+
+impl Environment {
+    pub fn parse(name: &str) -> Result<Environment, String> {
+        match name {
+            "dev" => Ok(Environment::Dev),
+            "staging" => Ok(Environment::Staging),
+            "prod" => Ok(Environment::Prod),
+            other => Err(format!(
+                "unknown environment {other:?} (expected dev, staging or prod)"
+            )),
+        }
+    }
+
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Environment::Dev => "dev",
+            Environment::Staging => "staging",
+            Environment::Prod => "prod",
+        }
+    }
+}
+
+/// What a key may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Scope {
+    /// The `/mcp` endpoint.
+    Mcp,
+    /// Reading the workspace's receipts.
+    Receipts,
+    /// Fetching approval tokens.
+    Approvals,
+    /// The route API.
+    Route,
+}
+
+impl Scope {
+    pub fn parse(name: &str) -> Result<Scope, String> {
+        match name {
+            "mcp" => Ok(Scope::Mcp),
+            "receipts" => Ok(Scope::Receipts),
+            "approvals" => Ok(Scope::Approvals),
+            "route" => Ok(Scope::Route),
+            other => Err(format!(
+                "unknown scope {other:?} (expected mcp, receipts, approvals or route)"
+            )),
+        }
+    }
+
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Scope::Mcp => "mcp",
+            Scope::Receipts => "receipts",
+            Scope::Approvals => "approvals",
+            Scope::Route => "route",
+        }
+    }
+}
 
 /// The sha256 of a key's token. The token itself is never stored or logged.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -49,14 +114,15 @@ pub struct VirtualKey {
     pub name: String,
     pub hash: KeyHash,
     pub workspace: String,
-    pub environment: String,
+    pub environment: Environment,
     pub allowed_tools: Vec<ToolGlob>,
+    pub scopes: Vec<Scope>,
+    pub filter: Option<ToolFilter>,
 }
 
 impl VirtualKey {
-    /// The prefilter: the key's globs allow this namespaced tool name.
-    pub fn allows(&self, tool: &str) -> bool {
-        self.allowed_tools.iter().any(|glob| glob.matches(tool))
+    pub fn has_scope(&self, scope: Scope) -> bool {
+        self.scopes.contains(&scope)
     }
 }
 
@@ -75,8 +141,10 @@ impl KeyTable {
                     name: k.name.clone(),
                     hash: k.hash,
                     workspace: k.workspace.clone(),
-                    environment: k.environment.clone(),
+                    environment: k.environment,
                     allowed_tools: k.allowed_tools.clone(),
+                    scopes: k.scopes.clone(),
+                    filter: k.filter.clone(),
                 };
                 (k.hash, Arc::new(key))
             })

@@ -1,10 +1,15 @@
 //! Who may see and call what: virtual keys and the tool prefilter.
 //!
 //! A key is presented as a bearer token and stored only as its sha256. What a key may list
-//! and call is decided here and nowhere else, so that listing and calling cannot disagree.
+//! and call is decided here and nowhere else ([`visible`]), so that listing and calling
+//! cannot disagree.
 
+mod filter;
 mod glob;
 mod keys;
+mod prefilter;
 
+pub use filter::ToolFilter;
 pub use glob::ToolGlob;
-pub use keys::{KeyHash, KeyTable, VirtualKey};
+pub use keys::{Environment, KeyHash, KeyTable, Scope, VirtualKey};
+pub use prefilter::visible;

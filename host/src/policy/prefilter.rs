@@ -1,0 +1,35 @@
+//! The prefilter: the first of the checks a tool must pass to be listed and called.
+
+use super::{Environment, VirtualKey};
+use crate::catalog::Route;
+
+/// Whether `key` may see (and so call) the tool behind `route`. All must hold:
+///
+/// 1. the namespaced name matches one of the key's `allowed_tools` globs;
+/// 2. the tool's environment (its connection's) is the key's;
+/// 3. in prod, a destructive tool is visible only to a key that names it verbatim, never
+///    through a glob — a wildcard must not silently grant a destructive production tool;
+/// 4. the key's own CEL filter, if any, holds.
+pub fn visible(key: &VirtualKey, route: &Route) -> bool {
+    let name = route.name.as_str();
+    let tool = route.tool();
+    if !key.allowed_tools.iter().any(|glob| glob.matches(name)) {
+        return false;
+    }
+    if route.connection.environment != key.environment {
+        return false;
+    }
+    if key.environment == Environment::Prod
+        && tool.effect.destructive
+        && !key
+            .allowed_tools
+            .iter()
+            .any(|glob| glob.is_verbatim() && glob.matches(name))
+    {
+        return false;
+    }
+    match &key.filter {
+        Some(filter) => filter.admits(key, route),
+        None => true,
+    }
+}

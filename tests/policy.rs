@@ -1,0 +1,189 @@
+//! Who sees what: the errors before the MCP server, the prefilter rules, and existence hiding
+//! (issue 4, first part: keys, environments, freeze, scopes, prefilter with CEL).
+
+use serde_json::json;
+
+use crate::support::client::RawResponse;
+use crate::support::gateway::Key;
+use crate::support::{GatewayConfig, GatewayProcess, McpClient, MockVendor, RawMcp, TOKEN};
+
+async fn names(gateway: &GatewayProcess, token: &str) -> Vec<String> {
+    McpClient::connect(&gateway.url, token)
+        .await
+        .tool_names()
+        .await
+}
+
+fn assert_refused(r: &RawResponse, status: u16, kind: &str) {
+    assert_eq!(r.status, status, "{r:?}");
+    assert_eq!(r.header("content-type"), Some("text/event-stream"));
+    assert_eq!(r.error_type(), kind, "{r:?}");
+}
+
+#[tokio::test]
+async fn errors_before_the_mcp_server_name_their_cause() {
+    let vendor = MockVendor::start().await;
+    let mut config = GatewayConfig::new(&vendor.base_url());
+    config.environment = Some("staging".into());
+    config.connection_environment = Some("staging".into());
+    config.frozen = vec!["globex".into()];
+    let mut staging = Key::new("obk_staging", "acme", &["*"]);
+    staging.environment = "staging".into();
+    let mut no_mcp = Key::new("obk_no_mcp", "acme", &["*"]);
+    no_mcp.environment = "staging".into();
+    no_mcp.scopes = vec!["receipts".into()];
+    let mut frozen = Key::new("obk_frozen", "globex", &["*"]);
+    frozen.environment = "staging".into();
+    config.keys.extend([staging, no_mcp, frozen]);
+    let gateway = GatewayProcess::start(&config);
+    let raw = RawMcp::new(&gateway.url);
+
+    // TOKEN is a dev key; this deployment serves staging.
+    let (_, r) = raw.initialize(TOKEN, "2025-11-25").await;
+    assert_refused(&r, 403, "environment_mismatch");
+    let (_, r) = raw.initialize("obk_no_mcp", "2025-11-25").await;
+    assert_refused(&r, 403, "scope_denied");
+    let (_, r) = raw.initialize("obk_frozen", "2025-11-25").await;
+    assert_refused(&r, 403, "frozen");
+    let (_, r) = raw.initialize("obk_unknown", "2025-11-25").await;
+    assert_refused(&r, 401, "unauthenticated");
+    let (session, r) = raw.initialize("obk_staging", "2025-11-25").await;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(session.starts_with("mcs_"));
+
+    // The receipts endpoint needs its own scope; the answer is the same envelope.
+    let receipts = gateway.url.replace("/mcp", "/v1/receipts");
+    let http = reqwest::Client::new();
+    let denied = http
+        .get(&receipts)
+        .bearer_auth("obk_no_mcp")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(denied.status(), 200, "obk_no_mcp has the receipts scope");
+    let wrong_env = http.get(&receipts).bearer_auth(TOKEN).send().await.unwrap();
+    assert_eq!(wrong_env.status(), 403);
+    let body: serde_json::Value = wrong_env.json().await.unwrap();
+    assert_eq!(body["error"]["type"], json!("environment_mismatch"));
+    assert!(vendor.seen().is_empty());
+}
+
+#[tokio::test]
+async fn the_prefilter_hides_what_a_key_may_not_call() {
+    let vendor = MockVendor::start().await;
+    let mut config = GatewayConfig::new(&vendor.base_url());
+    config.environment = Some("prod".into());
+    let prod = |token: &str, allowed: &[&str]| {
+        let mut key = Key::new(token, "acme", allowed);
+        key.environment = "prod".into();
+        key
+    };
+    let mut cel = prod("obk_cel", &["*"]);
+    cel.filter = Some("!tool.destructive && tool.connector != 'hostile'".into());
+    config.keys = vec![
+        prod("obk_glob", &["stripe.*", "tracker.*"]),
+        prod("obk_verbatim", &["stripe.*", "stripe.create_refund"]),
+        cel,
+    ];
+    let gateway = GatewayProcess::start(&config);
+
+    // In prod a glob never reveals a destructive tool...
+    let glob = names(&gateway, "obk_glob").await;
+    assert!(
+        glob.contains(&"stripe.charges.list".to_string()),
+        "{glob:?}"
+    );
+    assert!(
+        !glob.contains(&"stripe.create_refund".to_string()),
+        "{glob:?}"
+    );
+    assert!(
+        !glob.contains(&"tracker.issues.close".to_string()),
+        "{glob:?}"
+    );
+    assert!(glob.contains(&"tracker.issues.get".to_string()), "{glob:?}");
+    // ...and what is not listed is not callable.
+    let client = McpClient::connect(&gateway.url, "obk_glob").await;
+    let (code, message, data) = client
+        .call_err("stripe.create_refund", json!({"charge": "ch_1"}))
+        .await;
+    assert_eq!(
+        (code, message.as_str(), data),
+        (-32602, "Unknown tool", None)
+    );
+
+    // Naming the tool verbatim does.
+    let verbatim = names(&gateway, "obk_verbatim").await;
+    assert!(
+        verbatim.contains(&"stripe.create_refund".to_string()),
+        "{verbatim:?}"
+    );
+
+    // The operator's CEL filter narrows further.
+    let cel = names(&gateway, "obk_cel").await;
+    assert!(cel.iter().all(|n| !n.starts_with("hostile.")), "{cel:?}");
+    assert!(cel.contains(&"tracker.issues.get".to_string()), "{cel:?}");
+    assert!(
+        !cel.contains(&"tracker.issues.close".to_string()),
+        "{cel:?}"
+    );
+    assert!(vendor.seen().is_empty());
+}
+
+#[tokio::test]
+async fn tools_of_another_environment_are_invisible() {
+    let vendor = MockVendor::start().await;
+    let mut config = GatewayConfig::new(&vendor.base_url());
+    // The gateway serves dev, but these connections are staging's.
+    config.connection_environment = Some("staging".into());
+    let gateway = GatewayProcess::start(&config);
+    assert_eq!(names(&gateway, TOKEN).await, Vec::<String>::new());
+}
+
+/// Every reason a call finds no tool answers the same bytes and the same headers.
+#[tokio::test]
+async fn unknown_tool_is_byte_identical_whatever_the_cause() {
+    let vendor = MockVendor::start().await;
+    let mut config = GatewayConfig::new(&vendor.base_url());
+    let mut key = Key::new("obk_narrow", "acme", &["stripe.*", "hostile.*"]);
+    key.filter = Some("tool.connector != 'hostile'".into());
+    config.keys.push(key);
+    let gateway = GatewayProcess::start(&config);
+    let raw = RawMcp::new(&gateway.url);
+    let (session, _) = raw.initialize("obk_narrow", "2025-11-25").await;
+    let mut answers = Vec::new();
+    for (cause, name) in [
+        ("malformed", "no-dot-here"),
+        ("absent", "stripe.no_such_tool"),
+        ("not routable", "nosuch.tool"),
+        ("hidden by the key's globs", "tracker.issues.get"),
+        ("hidden by the key's filter", "hostile.echo"),
+    ] {
+        let r = raw
+            .request(
+                "obk_narrow",
+                &session,
+                42,
+                "tools/call",
+                json!({"name": name, "arguments": {}}),
+            )
+            .await;
+        let mut headers: Vec<String> = r
+            .headers
+            .keys()
+            .map(|k| k.as_str().to_owned())
+            .filter(|k| k != "date")
+            .collect();
+        headers.sort();
+        answers.push((cause, r.status, headers, r.body.clone()));
+    }
+    let (_, status, headers, body) = answers[0].clone();
+    assert!(
+        body.contains("Unknown tool") && !body.contains("no-dot-here"),
+        "{body}"
+    );
+    for (cause, s, h, b) in &answers {
+        assert_eq!((*s, h, b), (status, &headers, &body), "{cause}");
+    }
+    assert!(vendor.seen().is_empty());
+}
