@@ -404,11 +404,9 @@ async fn a_gateway_killed_mid_call_never_sends_twice() {
     for (failpoint, sent_before_kill) in [("hang-before-send", 0), ("hang-after-send", 1)] {
         let vendor = MockVendor::start().await;
         let mut config = GatewayConfig::new(&vendor.base_url());
-        config.store = None;
-        config.extra = String::new();
-        let lease = "lease_ms = 800";
+        // The shortest lease the config accepts: 2 x (1.5 s request timeout + 0.5 s deadline).
+        let lease = "lease_ms = 4000";
         config.env = vec![("OBOL_FAILPOINTS".into(), failpoint.into())];
-        config.store = Some(String::new());
         let dir = tempfile::tempdir().unwrap();
         config.store = Some(format!(
             "path = {:?}\n{lease}",
@@ -442,7 +440,7 @@ async fn a_gateway_killed_mid_call_never_sends_twice() {
         // While the dead holder's lease runs, the slot is in flight.
         let (code, _, _) = client.call_err("tracker.issues.create", args.clone()).await;
         assert_eq!(code, -32041, "{failpoint}");
-        tokio::time::sleep(Duration::from_millis(900)).await;
+        tokio::time::sleep(Duration::from_millis(4100)).await;
         // Then it is finalized unknown: the tool has no vendor binding, so nothing is resent.
         let (code, _, data) = client.call_err("tracker.issues.create", args.clone()).await;
         assert_eq!(code, -32034, "{failpoint}: {data:?}");
@@ -510,4 +508,25 @@ async fn obol_receipts_reads_them_as_the_owner() {
     .await
     .unwrap();
     assert_eq!(code, 1);
+}
+
+#[tokio::test]
+async fn an_unreachable_vendor_leaves_the_key_reusable_and_no_phantom_receipt() {
+    // Nothing listens on the discard port: connections are refused, so nothing is sent.
+    let gateway = GatewayProcess::start(&GatewayConfig::new("http://127.0.0.1:9"));
+    let k = key("refused");
+    let client = McpClient::with_key(&gateway.url, TOKEN, &k).await;
+    for _ in 0..2 {
+        let (code, _, data) = client
+            .call_err(REFUND, json!({"charge": "ch_1", "amount": 1}))
+            .await;
+        let data = data.unwrap();
+        assert_eq!(code, -32033, "{data}");
+        assert_eq!(data["retryable"], json!(true));
+        assert_eq!(data["idempotency_key"], json!(k));
+        assert!(
+            data.get("receipt_id").is_none(),
+            "no receipt exists: {data}"
+        );
+    }
 }

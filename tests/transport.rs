@@ -112,6 +112,55 @@ async fn status_matrix_before_the_mcp_server() {
     let r = raw.post(Some(TOKEN), Some(&fake), PING, &[]).await;
     assert_error(&r, 404, -32010, "unknown_session");
 
+    // 400: a header that must be single, given twice; two Authorization headers are 401.
+    let twice = raw
+        .http
+        .post(&raw.url)
+        .bearer_auth(TOKEN)
+        .header("mcp-session-id", &session)
+        .header("mcp-session-id", &session)
+        .header("accept", "text/event-stream")
+        .header("content-type", "application/json")
+        .body(PING)
+        .send()
+        .await
+        .unwrap();
+    assert_error(
+        &crate::support::client::read(twice).await,
+        400,
+        -32009,
+        "malformed_header",
+    );
+    let two_keys = raw
+        .http
+        .post(&raw.url)
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .header("authorization", "Bearer obk_other")
+        .header("mcp-session-id", &session)
+        .header("accept", "text/event-stream")
+        .header("content-type", "application/json")
+        .body(PING)
+        .send()
+        .await
+        .unwrap();
+    assert_error(
+        &crate::support::client::read(two_keys).await,
+        401,
+        -32001,
+        "unauthenticated",
+    );
+
+    // 405: a method the endpoint does not have.
+    let put = raw
+        .http
+        .put(&raw.url)
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), 405);
+    assert_eq!(put.headers()["allow"], "GET, POST, DELETE");
+
     // 400: an unsupported protocol version header.
     let r = raw
         .post(

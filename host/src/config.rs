@@ -373,8 +373,17 @@ impl Config {
         };
         let mut workspaces = Vec::new();
         for workspace in file.workspaces {
-            if workspace.id.is_empty() {
-                return Err(invalid("a workspace id must not be empty".into()));
+            let id_ok = !workspace.id.is_empty()
+                && workspace.id.len() <= 64
+                && workspace
+                    .id
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+            if !id_ok {
+                return Err(invalid(format!(
+                    "workspace id {:?} must be 1 to 64 of [A-Za-z0-9_-]",
+                    workspace.id
+                )));
             }
             if workspaces
                 .iter()
@@ -558,7 +567,18 @@ impl Config {
             sandbox: file.sandbox.map(|s| s.listen),
             store: StoreConfig {
                 backend,
-                lease: file.store.lease_ms.map(ms).unwrap_or(default_lease),
+                lease: match file.store.lease_ms.map(ms) {
+                    None => default_lease,
+                    // A lease shorter than a holder's worst case would let a same-key call
+                    // declare a live call dead.
+                    Some(lease) if lease < 2 * (request_timeout + call_deadline) => {
+                        return Err(invalid(format!(
+                            "[store] lease_ms must be at least twice (request_timeout_ms + call_deadline_ms) = {} ms",
+                            (2 * (request_timeout + call_deadline)).as_millis()
+                        )));
+                    }
+                    Some(lease) => lease,
+                },
             },
         })
     }

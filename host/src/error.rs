@@ -84,6 +84,8 @@ pub enum ObolError {
     NotReady,
     #[error("the state store is unavailable; nothing was dispatched")]
     StoreUnavailable,
+    #[error("every connector slot is busy; retry shortly")]
+    Overloaded,
     #[error("internal error")]
     Internal,
     /// The stored error of a finished call, answered again verbatim to a same-key replay.
@@ -164,6 +166,7 @@ impl ObolError {
             IdempotencyConflict => (-32040, StatusCode::OK, "idempotency_conflict", false),
             NotReady => (-32041, StatusCode::OK, "not_ready", true),
             StoreUnavailable => (-32042, StatusCode::OK, "store_unavailable", true),
+            Overloaded => (-32043, StatusCode::OK, "overloaded", true),
             Internal => return plain(-32603, StatusCode::INTERNAL_SERVER_ERROR),
             Replayed(stored) => {
                 return plain(stored["code"].as_i64().unwrap_or(-32603), StatusCode::OK);
@@ -255,6 +258,7 @@ mod tests {
             ObolError::IdempotencyConflict,
             ObolError::NotReady,
             ObolError::StoreUnavailable,
+            ObolError::Overloaded,
         ];
         for error in samples {
             let wire = error.wire();

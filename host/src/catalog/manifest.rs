@@ -241,10 +241,16 @@ impl Propagation {
         Ok(match raw {
             wit::Propagation::None => Propagation::None,
             wit::Propagation::Unsupported => Propagation::Unsupported,
-            wit::Propagation::Header(name) => Propagation::Header(
-                HeaderName::from_bytes(name.as_bytes())
-                    .map_err(|_| invalid(format!("header {name:?} is not a valid header name")))?,
-            ),
+            wit::Propagation::Header(name) => {
+                let header = HeaderName::from_bytes(name.as_bytes())
+                    .map_err(|_| invalid(format!("header {name:?} is not a valid header name")))?;
+                if crate::outbound::HOST_OWNED_HEADERS.contains(&header.as_str()) {
+                    return Err(invalid(format!(
+                        "header {name:?} belongs to the gateway and cannot carry the key"
+                    )));
+                }
+                Propagation::Header(header)
+            }
             wit::Propagation::BodyField(pointer) => {
                 Propagation::BodyField(JsonPointer::parse(pointer).map_err(invalid)?)
             }
@@ -255,6 +261,17 @@ impl Propagation {
     /// deduplicates on the key it receives.
     pub fn is_binding(&self) -> bool {
         matches!(self, Propagation::Header(_) | Propagation::BodyField(_))
+    }
+
+    /// The form pinned in a claim: the propagation with its header name or pointer, so a
+    /// changed binding is a different call.
+    pub fn pinned(&self) -> String {
+        match self {
+            Propagation::None => "none".into(),
+            Propagation::Unsupported => "unsupported".into(),
+            Propagation::Header(name) => format!("header:{name}"),
+            Propagation::BodyField(pointer) => format!("body_field:{}", pointer.as_str()),
+        }
     }
 
     pub fn label(&self) -> &'static str {

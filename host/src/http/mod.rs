@@ -13,6 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde_json::json;
 
+use crate::error::ObolError;
 use crate::gateway::Gateway;
 use crate::policy::{Scope, VirtualKey};
 
@@ -35,11 +36,9 @@ fn error(status: StatusCode, kind: &str, message: &str) -> Response {
 
 /// The same admission as `/mcp` (one rule, one place), with the receipts scope.
 fn authenticate(gateway: &Gateway, headers: &HeaderMap) -> Result<Arc<VirtualKey>, Box<Response>> {
-    let authorization = headers
-        .get(header::AUTHORIZATION)
-        .map(|v| v.to_str().unwrap_or(""));
-    gateway
-        .admit(authorization, Scope::Receipts)
+    crate::mcp::single_header(headers, header::AUTHORIZATION.as_str())
+        .map_err(|_| ObolError::Unauthenticated("the Authorization header is malformed"))
+        .and_then(|authorization| gateway.admit(authorization, Scope::Receipts))
         .map_err(|refused| {
             let wire = refused.wire();
             Box::new(error(

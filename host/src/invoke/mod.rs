@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 
-use crate::catalog::{Catalog, Propagation, Route, StatusClass, ToolName};
+use crate::catalog::{Catalog, Route, StatusClass, ToolName};
 use crate::error::ObolError;
 use crate::idempotency::{IdempotencyKey, RequestHash};
 use crate::outbound::{AttemptOutcome, Outbound, Prepared, VendorReply};
@@ -53,7 +53,8 @@ pub struct CallRequest {
 #[derive(Debug, Clone)]
 pub struct ClaimIdentity {
     pub key: IdempotencyKey,
-    pub receipt_id: String,
+    /// `None` when the call left no receipt (nothing was sent and the claim was released).
+    pub receipt_id: Option<String>,
 }
 
 /// What the client gets: the MCP result or an error, and the claim identity when one exists.
@@ -161,11 +162,11 @@ async fn prepare_call(
 
     let pin = Pin::new(
         RequestHash::of_arguments(&arguments),
-        binding_label(&tool.effect.propagation),
+        tool.effect.propagation.pinned(),
         format!(
             "{}@{} {} {} {}",
             route.connector.manifest.name,
-            &route.connector.guest.digest[..16],
+            route.connector.manifest.version,
             prepared.method(),
             prepared.origin(),
             route.name.upstream()
@@ -202,7 +203,7 @@ async fn dispatch(services: &Services, call: Call) -> Answer {
     };
     let identity = |record: &ClaimRecord| ClaimIdentity {
         key: call.claim_key.key.clone(),
-        receipt_id: record.receipt_id.clone(),
+        receipt_id: Some(record.receipt_id.clone()),
     };
 
     let held = match store.claim(&call.claim_key, &fresh).await {
@@ -219,9 +220,16 @@ async fn dispatch(services: &Services, call: Call) -> Answer {
             }
         }
     };
-    let claim = Some(identity(&held));
+    let mut claim = identity(&held);
     let result = attempt(services, &call, held).await;
-    Answer { result, claim }
+    // Nothing left the gateway and the claim was released: there is no receipt to name.
+    if matches!(result, Err(ObolError::UpstreamUnreachable)) {
+        claim.receipt_id = None;
+    }
+    Answer {
+        result,
+        claim: Some(claim),
+    }
 }
 
 /// What to do with a claim that already existed.
@@ -232,11 +240,22 @@ enum Resume {
 }
 
 async fn resume(services: &Services, call: &Call, existing: ClaimRecord) -> Resume {
+    let lease_expired = existing.lease_until_ms <= now_ms();
+    // A dead holder's attempt is settled first, whoever asks and whatever they ask: it may
+    // have left, so its effect is unknown. This also keeps a claim from staying in flight
+    // forever when every later call under the key conflicts with it.
+    let existing = match existing.state {
+        ClaimState::Reserved { .. } if lease_expired => {
+            match settle_dead_holder(services, call, existing).await {
+                Ok(settled) => settled,
+                Err(answer) => return Resume::Answer(Err(answer)),
+            }
+        }
+        _ => existing,
+    };
     if existing.pin != call.pin {
         return Resume::Answer(Err(ObolError::IdempotencyConflict));
     }
-    let store = &services.store;
-    let lease_expired = existing.lease_until_ms <= now_ms();
     match &existing.state {
         ClaimState::Finalized { outcome } => {
             // Redispatch only what is unknown, and only when the vendor deduplicates on the
@@ -246,41 +265,44 @@ async fn resume(services: &Services, call: &Call, existing: ClaimRecord) -> Resu
             }
             Resume::Answer(replay(outcome, &existing))
         }
-        ClaimState::Reserved { .. } | ClaimState::Claimed if !lease_expired => {
+        // The holder died before reserving anything beyond what is already counted.
+        ClaimState::Claimed if lease_expired => take(services, call, existing).await,
+        ClaimState::Claimed | ClaimState::Reserved { .. } => {
             Resume::Answer(Err(ObolError::NotReady))
         }
-        // The holder died before anything was reserved beyond what is already counted.
-        ClaimState::Claimed => take(services, call, existing).await,
-        // The holder died with an attempt that may have left: its effect is unknown.
-        ClaimState::Reserved { .. } => {
-            let outcome = StoredOutcome {
-                class: OutcomeClass::Unknown,
-                vendor_status: None,
-                response: Err(ObolError::UpstreamTimeout.to_jsonrpc_error()),
-            };
-            let mut next = existing.clone();
-            next.version += 1;
-            next.state = ClaimState::Finalized {
-                outcome: outcome.clone(),
-            };
-            let receipt = receipt::build(
-                call,
-                &next,
-                OutcomeClass::Unknown,
-                None,
-                Verification::Inconclusive,
-                Some("the gateway holding this call stopped before recording its outcome"),
-            );
-            match store
-                .finalize(&call.claim_key, &existing, &next, &receipt)
-                .await
-            {
-                Ok(true) if existing.pin.has_vendor_binding() => take(services, call, next).await,
-                Ok(true) => Resume::Answer(replay(&outcome, &next)),
-                Ok(false) => Resume::Answer(Err(ObolError::NotReady)),
-                Err(_) => Resume::Answer(Err(ObolError::StoreUnavailable)),
-            }
-        }
+    }
+}
+
+/// Finalizes a dead holder's in-flight attempt as `unknown`, with its receipt.
+async fn settle_dead_holder(
+    services: &Services,
+    call: &Call,
+    existing: ClaimRecord,
+) -> Result<ClaimRecord, ObolError> {
+    let outcome = StoredOutcome {
+        class: OutcomeClass::Unknown,
+        vendor_status: None,
+        response: Err(ObolError::UpstreamTimeout.to_jsonrpc_error()),
+    };
+    let mut next = existing.clone();
+    next.version += 1;
+    next.state = ClaimState::Finalized { outcome };
+    let receipt = receipt::build(
+        call,
+        &next,
+        OutcomeClass::Unknown,
+        None,
+        Verification::Inconclusive,
+        Some("the gateway holding this call stopped before recording its outcome"),
+    );
+    match services
+        .store
+        .finalize(&call.claim_key, &existing, &next, &receipt)
+        .await
+    {
+        Ok(true) => Ok(next),
+        Ok(false) => Err(ObolError::NotReady),
+        Err(_) => Err(ObolError::StoreUnavailable),
     }
 }
 
@@ -297,6 +319,14 @@ async fn take(services: &Services, call: &Call, existing: ClaimRecord) -> Resume
         Ok(false) => Resume::Answer(Err(ObolError::NotReady)),
         Err(_) => Resume::Answer(Err(ObolError::StoreUnavailable)),
     }
+}
+
+/// The same attempt, reserved again with a fresh lease (the previous try provably never left).
+fn renew(services: &Services, current: &ClaimRecord) -> ClaimRecord {
+    let mut next = current.clone();
+    next.version += 1;
+    next.lease_until_ms = now_ms() + services.lease.as_millis() as u64;
+    next
 }
 
 fn reserve_next(services: &Services, current: &ClaimRecord) -> ClaimRecord {
@@ -340,28 +370,35 @@ async fn attempt(
 ) -> Result<Value, ObolError> {
     let tool = call.route.tool();
     let binding = call.pin.has_vendor_binding();
+    // One immediate retry per invocation, at most.
+    let mut retried = false;
     let sent = loop {
         failpoint("hang-before-send").await;
         let outcome = services.outbound.send(call.request.clone()).await;
         failpoint("hang-after-send").await;
-        let retry_allowed = held.attempts == 1
-            && match &outcome {
-                AttemptOutcome::NotSent => true,
-                AttemptOutcome::Responded(reply) => {
-                    binding && tool.effect.statuses.classify(reply.status) == StatusClass::Retryable
-                }
-                _ => false,
-            };
-        if retry_allowed {
+        let retry = match &outcome {
+            _ if retried => None,
+            // Provably never left: the same attempt is reserved again (renewing its lease),
+            // so attempt_count still equals what the vendor may have received.
+            AttemptOutcome::NotSent => Some(renew(services, &held)),
+            AttemptOutcome::Responded(reply)
+                if binding
+                    && tool.effect.statuses.classify(reply.status) == StatusClass::Retryable =>
+            {
+                Some(reserve_next(services, &held))
+            }
+            _ => None,
+        };
+        if let Some(next) = retry {
             // The retry is reserved durably before it is sent, like the first attempt; if it
             // cannot be recorded, it is not sent.
-            let next = reserve_next(services, &held);
             if let Ok(true) = services
                 .store
                 .transition(&call.claim_key, &held, &next)
                 .await
             {
                 held = next;
+                retried = true;
                 continue;
             }
         }
@@ -384,14 +421,21 @@ async fn attempt(
         Sent::Nothing => {
             // Nothing left the gateway on the last attempt: release the claim so the same
             // key can try again, instead of recording an outcome that never happened.
+            // The attempt never left, so it is not counted.
             let mut next = held.clone();
             next.version += 1;
+            next.attempts -= 1;
             next.state = ClaimState::Claimed;
             next.lease_until_ms = now_ms();
-            let _ = services
-                .store
-                .transition(&call.claim_key, &held, &next)
-                .await;
+            if !matches!(
+                services
+                    .store
+                    .transition(&call.claim_key, &held, &next)
+                    .await,
+                Ok(true)
+            ) {
+                tracing::warn!(receipt = %held.receipt_id, "could not release an unsent claim; it frees itself when its lease ends");
+            }
             return Err(ObolError::UpstreamUnreachable);
         }
         Sent::Failed(error, class) => (
@@ -524,16 +568,6 @@ fn outcome_class(class: StatusClass) -> OutcomeClass {
     }
 }
 
-/// The pinned form of a tool's declared propagation.
-fn binding_label(propagation: &Propagation) -> String {
-    match propagation {
-        Propagation::None => "none".into(),
-        Propagation::Unsupported => "unsupported".into(),
-        Propagation::Header(name) => format!("header:{name}"),
-        Propagation::BodyField(pointer) => format!("body_field:{}", pointer.as_str()),
-    }
-}
-
 /// Finds the route for a name the key may call. `None` covers every reason alike.
 pub fn route(catalog: &Catalog, key: &VirtualKey, name: &str) -> Option<Arc<Route>> {
     let parsed = ToolName::parse(name)?;
@@ -542,7 +576,10 @@ pub fn route(catalog: &Catalog, key: &VirtualKey, name: &str) -> Option<Arc<Rout
 }
 
 fn guest_failed(failure: GuestFailure) -> ObolError {
-    ObolError::ComponentFailed(failure.to_string())
+    match failure {
+        GuestFailure::Busy(_) => ObolError::Overloaded,
+        other => ObolError::ComponentFailed(other.to_string()),
+    }
 }
 
 /// Builds the `CallToolResult`, enforcing the output cap and the output schema.

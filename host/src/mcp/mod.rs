@@ -358,7 +358,7 @@ fn presented_session(headers: &HeaderMap) -> Result<Option<SessionId>, ObolError
 }
 
 /// A header that must appear at most once, as visible ASCII.
-fn single_header<'h>(
+pub(crate) fn single_header<'h>(
     headers: &'h HeaderMap,
     name: &'static str,
 ) -> Result<Option<&'h str>, ObolError> {
@@ -459,7 +459,9 @@ fn answer(
                 && let Some(data) = rendered.get_mut("data").and_then(Value::as_object_mut)
             {
                 data.insert("idempotency_key".into(), claim.key.as_str().into());
-                data.insert("receipt_id".into(), claim.receipt_id.clone().into());
+                if let Some(receipt_id) = &claim.receipt_id {
+                    data.insert("receipt_id".into(), receipt_id.clone().into());
+                }
             }
             (
                 error.wire().http,

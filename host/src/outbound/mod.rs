@@ -16,7 +16,7 @@ use crate::runtime::wit;
 
 /// Headers only the host may set. A guest that sets one is refused, not silently corrected:
 /// it is either buggy or trying to smuggle something past the gateway.
-const HOST_OWNED_HEADERS: [&str; 9] = [
+pub const HOST_OWNED_HEADERS: [&str; 9] = [
     "authorization",
     "proxy-authorization",
     "cookie",
@@ -81,6 +81,15 @@ impl Prepared {
                 ObolError::InvalidOutboundRequest(format!("invalid value for header {name}"))
             })?;
             headers.append(name, value);
+        }
+        // A key propagated in the credential's header would be overwritten by the credential:
+        // the vendor would never see it, while the gateway counted on its deduplication.
+        if let (Propagation::Header(name), Some(secret)) = (propagation, secret)
+            && secret.header.eq_ignore_ascii_case(name.as_str())
+        {
+            return Err(ObolError::InvalidOutboundRequest(format!(
+                "the tool propagates the idempotency key in {name}, which carries the connection's credential"
+            )));
         }
         let mut body = template.body;
         if let Some(key) = idempotency_key {

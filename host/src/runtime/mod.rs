@@ -137,7 +137,9 @@ impl wit::obol::connector::log::Host for GuestState {
             message.truncate(cut);
             message.push('…');
         }
+        // Escaped, so a component cannot forge log lines with newlines or terminal escapes.
         let connector = &*self.connector;
+        let message = message.escape_debug().to_string();
         match level {
             Level::Debug => tracing::debug!(target: "obol::guest", connector, "{message}"),
             Level::Info => tracing::info!(target: "obol::guest", connector, "{message}"),
@@ -272,13 +274,17 @@ impl Runtime {
         R: Send + 'static,
         F: FnOnce(&wit::Connector, &mut Store<GuestState>) -> wasmtime::Result<R> + Send + 'static,
     {
-        // A busy gateway answers at once rather than queueing behind guests that may be
-        // spinning to their deadline.
-        let permit = self
-            .slots
-            .clone()
-            .try_acquire_owned()
-            .map_err(|_| GuestFailure::Busy(self.limits.max_concurrent_calls))?;
+        // Wait for a slot at most one deadline: every holder frees its slot within that, so a
+        // longer wait means the gateway is overloaded, and the caller gets a retryable answer
+        // instead of queueing without bound behind guests spinning to their deadline.
+        let permit = tokio::time::timeout(
+            self.limits.call_deadline,
+            self.slots.clone().acquire_owned(),
+        )
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .ok_or(GuestFailure::Busy(self.limits.max_concurrent_calls))?;
         let runtime = Arc::clone(self);
         let guest = Arc::clone(guest);
         let connector: Arc<str> = connector.into();

@@ -103,7 +103,7 @@ async fn finalize_stores_the_receipt(store: &Store) {
     };
     let receipt = receipt(&r, &k);
     assert!(store.finalize(&k, &r, &done, &receipt).await.unwrap());
-    assert_eq!(store.get(&k).await.unwrap(), Some(done));
+    assert_eq!(store.get(&k).await.unwrap(), Some(done.clone()));
     assert_eq!(
         store.receipt("acme", &receipt.id).await.unwrap(),
         Some(receipt.clone())
@@ -111,6 +111,19 @@ async fn finalize_stores_the_receipt(store: &Store) {
     assert_eq!(store.receipt("globex", &receipt.id).await.unwrap(), None);
     let listed = store.receipts("acme", 100).await.unwrap();
     assert!(listed.iter().any(|r| r.id == receipt.id));
+    // A redispatched call finalizes its receipt again: still one receipt in the listing.
+    let mut again = done.clone();
+    again.version = 3;
+    let mut later = receipt.clone();
+    later.attempt_count = 2;
+    later.finalized_at_ms += 5;
+    assert!(store.finalize(&k, &done, &again, &later).await.unwrap());
+    let listed = store.receipts("acme", 1000).await.unwrap();
+    assert_eq!(listed.iter().filter(|r| r.id == receipt.id).count(), 1);
+    assert_eq!(
+        store.receipt("acme", &receipt.id).await.unwrap(),
+        Some(later)
+    );
     // A stale finalize writes no receipt.
     let mut stale = receipt.clone();
     stale.id = format!("{}x", receipt.id);

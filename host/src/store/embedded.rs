@@ -289,6 +289,19 @@ fn apply(db: &Database, batch: &[Op]) -> Result<Vec<Applied>, StoreError> {
                         if let Some(receipt) = receipt {
                             let bytes = serde_json::to_vec(receipt).map_err(failed)?;
                             let id_key = format!("{}\0{}", receipt.workspace, receipt.id);
+                            // A redispatched call finalizes its receipt again: keep one
+                            // listing entry, at its newest time.
+                            let previous = receipts
+                                .get(id_key.as_str())
+                                .map_err(failed)?
+                                .map(|old| serde_json::from_slice::<Receipt>(old.value()));
+                            if let Some(Ok(previous)) = previous {
+                                let old_order = format!(
+                                    "{}\0{:020}\0{}",
+                                    previous.workspace, previous.finalized_at_ms, previous.id
+                                );
+                                index.remove(old_order.as_str()).map_err(failed)?;
+                            }
                             receipts
                                 .insert(id_key.as_str(), bytes.as_slice())
                                 .map_err(failed)?;

@@ -87,6 +87,7 @@ impl Pin {
 
     /// Whether the tool has a vendor idempotency binding (the vendor deduplicates on the key).
     pub fn has_vendor_binding(&self) -> bool {
+        // Mirrors `Propagation::is_binding` on the pinned form.
         self.binding.starts_with("header:") || self.binding.starts_with("body_field:")
     }
 }

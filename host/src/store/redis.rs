@@ -162,17 +162,28 @@ impl RedisStore {
         if done == 1
             && let Some(receipt) = receipt
         {
+            // The outcome is already durable; the index only serves lookups by id and
+            // listings, so failing to write it must not turn a recorded outcome into an error.
             let index = format!("obol:receipts:{}", receipt.workspace);
             let pointer = format!("obol:receipt:{}:{}", receipt.workspace, receipt.id);
-            redis::pipe()
+            let horizon = receipt
+                .finalized_at_ms
+                .saturating_sub(RETENTION_SECONDS * 1000);
+            let indexed = redis::pipe()
                 .set_ex(&pointer, &receipt_key, RETENTION_SECONDS)
                 .ignore()
                 .zadd(&index, &receipt.id, receipt.finalized_at_ms)
                 .ignore()
+                .zrembyscore(&index, 0, horizon)
+                .ignore()
+                .expire(&index, RETENTION_SECONDS as i64)
+                .ignore()
                 .query_async::<()>(&mut connection)
-                .await
-                .map_err(failed)?;
+                .await;
             self.syncs.fetch_add(1, Ordering::Relaxed);
+            if let Err(error) = indexed {
+                tracing::warn!(receipt = %receipt.id, "receipt recorded but not indexed: {error}");
+            }
         }
         Ok(done == 1)
     }

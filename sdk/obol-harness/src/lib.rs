@@ -94,6 +94,7 @@ impl Harness {
             runtime,
             connector,
             executor: tokio::runtime::Builder::new_current_thread()
+                .enable_time()
                 .build()
                 .expect("a tokio runtime"),
             base_url: BASE_URL.into(),
