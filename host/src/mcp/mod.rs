@@ -52,7 +52,7 @@ async fn handle(
     let version = known_version(&headers).unwrap_or(LATEST_VERSION);
     let outcome = match method {
         Method::POST => post(&gateway, &headers, body).await,
-        Method::GET => get(&gateway, &headers).await,
+        Method::GET => get(Arc::clone(&gateway), &headers).await,
         Method::DELETE => delete(&gateway, &headers).await,
         _ => Ok(method_not_allowed(version)),
     };
@@ -225,19 +225,21 @@ fn initialize(
     response
 }
 
-async fn get(gateway: &Gateway, headers: &HeaderMap) -> Result<Response, ObolError> {
-    let key = admit(gateway, headers)?;
+async fn get(gateway: Arc<Gateway>, headers: &HeaderMap) -> Result<Response, ObolError> {
+    let key = admit(&gateway, headers)?;
     if !accepts_event_stream(headers)? {
         return Err(ObolError::NotAcceptable("text/event-stream"));
     }
-    let session = session_of(gateway, headers, &key)?;
+    let session = session_of(&gateway, headers, &key)?;
     let id = presented_session(headers)?.expect("session_of checked it");
     let events = gateway.subscribe();
-    let stream =
-        futures_util::stream::unfold((events, id, false), |(mut events, id, done)| async move {
-            if done {
-                return None;
-            }
+    let owner = key.hash;
+    let stream = futures_util::stream::unfold(
+        (events, id, gateway),
+        move |(mut events, id, gateway)| async move {
+            // Re-checked on every event and keepalive: a stream never outlives its session,
+            // even if it missed the close notice.
+            gateway.sessions.get(&id, owner)?;
             let frame = match tokio::time::timeout(KEEPALIVE, events.recv()).await {
                 Err(_) => ": keepalive\n\n".to_owned(),
                 Ok(Ok(Event::CatalogChanged))
@@ -252,9 +254,10 @@ async fn get(gateway: &Gateway, headers: &HeaderMap) -> Result<Response, ObolErr
             };
             Some((
                 Ok::<_, std::convert::Infallible>(frame),
-                (events, id, false),
+                (events, id, gateway),
             ))
-        });
+        },
+    );
     let mut response = Response::new(Body::from_stream(stream.boxed()));
     decorate(&mut response, StatusCode::OK, session.protocol_version);
     Ok(response)

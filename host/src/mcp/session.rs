@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use crate::policy::KeyHash;
 
@@ -46,7 +47,14 @@ impl fmt::Debug for SessionId {
 pub struct Session {
     pub key: KeyHash,
     pub protocol_version: &'static str,
+    last_used: Instant,
 }
+
+/// Sessions unused this long are forgotten.
+const IDLE_LIMIT: Duration = Duration::from_secs(24 * 3600);
+/// A key holds at most this many sessions; opening another forgets its least recently used,
+/// so no key can grow the table without bound.
+const PER_KEY_LIMIT: usize = 256;
 
 /// Live sessions. Lookups check the owning key, so a session id presented with another
 /// key (another workspace's, in particular) is indistinguishable from one that never existed.
@@ -58,20 +66,38 @@ pub struct Sessions {
 impl Sessions {
     pub fn open(&self, key: KeyHash, protocol_version: &'static str) -> SessionId {
         let id = SessionId::mint();
+        let now = Instant::now();
         let session = Session {
             key,
             protocol_version,
+            last_used: now,
         };
-        self.live
-            .lock()
-            .expect("sessions lock")
-            .insert(id.clone(), session);
+        let mut live = self.live.lock().expect("sessions lock");
+        live.retain(|_, s| now.duration_since(s.last_used) < IDLE_LIMIT);
+        let mut owned: Vec<(SessionId, Instant)> = live
+            .iter()
+            .filter(|(_, s)| s.key == key)
+            .map(|(id, s)| (id.clone(), s.last_used))
+            .collect();
+        if owned.len() >= PER_KEY_LIMIT {
+            owned.sort_by_key(|(_, used)| *used);
+            for (old, _) in owned.iter().take(owned.len() + 1 - PER_KEY_LIMIT) {
+                live.remove(old);
+            }
+        }
+        live.insert(id.clone(), session);
         id
     }
 
     pub fn get(&self, id: &SessionId, key: KeyHash) -> Option<Session> {
-        let live = self.live.lock().expect("sessions lock");
-        live.get(id).filter(|s| s.key == key).cloned()
+        let mut live = self.live.lock().expect("sessions lock");
+        let session = live.get_mut(id).filter(|s| s.key == key)?;
+        if session.last_used.elapsed() >= IDLE_LIMIT {
+            live.remove(id);
+            return None;
+        }
+        session.last_used = Instant::now();
+        Some(session.clone())
     }
 
     /// Ends a session; `false` when there was no such session for this key.
@@ -107,6 +133,21 @@ mod tests {
         assert!(!sessions.close(&id, other));
         assert!(sessions.close(&id, owner));
         assert!(sessions.get(&id, owner).is_none());
+    }
+
+    #[test]
+    fn a_key_cannot_grow_the_table_without_bound() {
+        let sessions = Sessions::default();
+        let key = KeyHash::of_token("a");
+        let first = sessions.open(key, "2025-11-25");
+        for _ in 0..PER_KEY_LIMIT {
+            sessions.open(key, "2025-11-25");
+        }
+        assert_eq!(sessions.len(), PER_KEY_LIMIT);
+        assert!(
+            sessions.get(&first, key).is_none(),
+            "the least recently used is forgotten"
+        );
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::sync::mpsc;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::oneshot;
 
-use super::{Claim, ClaimKey, ClaimRecord, Receipt, StoreError, now_ms};
+use super::{Claim, ClaimKey, ClaimRecord, Receipt, StoreError};
 
 const CLAIMS: TableDefinition<&str, &[u8]> = TableDefinition::new("claims");
 const RECEIPTS: TableDefinition<&str, &[u8]> = TableDefinition::new("receipts");
@@ -106,10 +106,6 @@ impl EmbeddedStore {
         next: &ClaimRecord,
         receipt: Option<&Receipt>,
     ) -> Result<bool, StoreError> {
-        #[cfg(feature = "test-util")]
-        if receipt.is_some() && crate::failpoint::active("store-finalize") {
-            return Err(failed("failpoint store-finalize"));
-        }
         let (reply, answer) = oneshot::channel();
         self.submit(Op::Transition {
             slot: key.slot(),
@@ -310,15 +306,8 @@ fn apply(db: &Database, batch: &[Op]) -> Result<Vec<Applied>, StoreError> {
                                 receipt.workspace, receipt.finalized_at_ms, receipt.id
                             );
                             index.insert(order.as_str(), ()).map_err(failed)?;
-                            let event = serde_json::json!({
-                                "at_ms": now_ms(),
-                                "workspace": receipt.workspace,
-                                "receipt_id": receipt.id,
-                                "tool": receipt.tool,
-                                "outcome": receipt.outcome,
-                                "attempt_count": receipt.attempt_count,
-                            });
-                            let event = serde_json::to_vec(&event).map_err(failed)?;
+                            let event =
+                                serde_json::to_vec(&super::audit_event(receipt)).map_err(failed)?;
                             audit.insert(next_audit, event.as_slice()).map_err(failed)?;
                             next_audit += 1;
                         }

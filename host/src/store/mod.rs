@@ -268,6 +268,11 @@ impl Store {
         next: &ClaimRecord,
         receipt: &Receipt,
     ) -> Result<bool, StoreError> {
+        // Crash tests make the final write fail, as a lost audit acknowledgement would.
+        #[cfg(feature = "test-util")]
+        if crate::failpoint::active("store-finalize") {
+            return Err(StoreError("failpoint store-finalize".into()));
+        }
         match self {
             Store::Embedded(s) => s.transition(key, expected, next, Some(receipt)).await,
             Store::Redis(s) => s.transition(key, expected, next, Some(receipt)).await,
@@ -318,6 +323,18 @@ impl Store {
             Store::Volatile(_) => 0,
         }
     }
+}
+
+/// The audit record written with a receipt (both backends write the same shape).
+pub(crate) fn audit_event(receipt: &Receipt) -> serde_json::Value {
+    serde_json::json!({
+        "at_ms": now_ms(),
+        "workspace": receipt.workspace,
+        "receipt_id": receipt.id,
+        "tool": receipt.tool,
+        "outcome": receipt.outcome,
+        "attempt_count": receipt.attempt_count,
+    })
 }
 
 /// Milliseconds since the Unix epoch.

@@ -17,7 +17,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{AsyncCommands, Script};
 
-use super::{Claim, ClaimKey, ClaimRecord, Receipt, StoreError, now_ms};
+use super::{Claim, ClaimKey, ClaimRecord, Receipt, StoreError};
 
 /// Claims, receipts and audit entries are kept this long (at least 24 h, longer than an
 /// approval ticket).
@@ -124,10 +124,6 @@ impl RedisStore {
         next: &ClaimRecord,
         receipt: Option<&Receipt>,
     ) -> Result<bool, StoreError> {
-        #[cfg(feature = "test-util")]
-        if receipt.is_some() && crate::failpoint::active("store-finalize") {
-            return Err(failed("failpoint store-finalize"));
-        }
         let (claim, receipt_key, audit_key) = claim_key(key);
         let receipt_json = receipt
             .map(serde_json::to_string)
@@ -135,13 +131,7 @@ impl RedisStore {
             .map_err(failed)?
             .unwrap_or_default();
         let event = receipt
-            .map(|r| {
-                serde_json::json!({
-                    "at_ms": now_ms(), "workspace": r.workspace, "receipt_id": r.id,
-                    "tool": r.tool, "outcome": r.outcome, "attempt_count": r.attempt_count,
-                })
-                .to_string()
-            })
+            .map(|r| super::audit_event(r).to_string())
             .unwrap_or_default();
         let mut connection = self.connection.clone();
         let done: i64 = self
