@@ -35,12 +35,25 @@ fn main() {
         "obol benchmark ({} cores)\n",
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
-    memory_with_50_connectors();
-    listing_over_1000_tools();
-    runtime.block_on(guest_alone());
+    // `OBOL_BENCH=guest,store` runs only the named sections.
+    let only = std::env::var("OBOL_BENCH").unwrap_or_default();
+    let wanted = |section: &str| only.is_empty() || only.split(',').any(|s| s == section);
+    if wanted("memory") {
+        memory_with_50_connectors();
+    }
+    if wanted("list") {
+        listing_over_1000_tools();
+    }
+    if wanted("guest") {
+        runtime.block_on(guest_alone());
+    }
     let redis = Redis::start();
-    runtime.block_on(store_alone(&redis));
-    runtime.block_on(end_to_end(&redis));
+    if wanted("store") {
+        runtime.block_on(store_alone(&redis));
+    }
+    if wanted("e2e") {
+        runtime.block_on(end_to_end(&redis));
+    }
 }
 
 /// A redis-server on an ephemeral port with the durability Obol asks for (AOF, fsync always).
