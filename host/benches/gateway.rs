@@ -429,45 +429,9 @@ async fn end_to_end(redis: &Redis) {
         .pool_max_idle_per_host(64)
         .build()
         .unwrap();
-    let init = http
-        .post(&gateway_url)
-        .header("authorization", format!("Bearer {TOKEN}"))
-        .header("accept", "application/json, text/event-stream")
-        .header("content-type", "application/json")
-        .body(r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"bench","version":"0"}}}"#)
-        .send()
-        .await
-        .unwrap();
-    let session = init.headers()["mcp-session-id"]
-        .to_str()
-        .unwrap()
-        .to_owned();
-    let redis_session = http
-        .post(&redis_url)
-        .header("authorization", format!("Bearer {TOKEN}"))
-        .header("accept", "application/json, text/event-stream")
-        .header("content-type", "application/json")
-        .body(r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"bench","version":"0"}}}"#)
-        .send()
-        .await
-        .unwrap()
-        .headers()["mcp-session-id"]
-        .to_str()
-        .unwrap()
-        .to_owned();
-    let volatile_session = http
-        .post(&volatile_url)
-        .header("authorization", format!("Bearer {TOKEN}"))
-        .header("accept", "application/json, text/event-stream")
-        .header("content-type", "application/json")
-        .body(r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"bench","version":"0"}}}"#)
-        .send()
-        .await
-        .unwrap()
-        .headers()["mcp-session-id"]
-        .to_str()
-        .unwrap()
-        .to_owned();
+    let session = initialize(&http, &gateway_url).await;
+    let redis_session = initialize(&http, &redis_url).await;
+    let volatile_session = initialize(&http, &volatile_url).await;
 
     let direct_url = format!("http://{vendor_address}/v1/charges?limit=2");
     let call_body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
@@ -552,6 +516,23 @@ async fn end_to_end(redis: &Redis) {
     let l = load(1, through(list_body.to_owned())).await;
     print_row("tools/list over HTTP c=1", &l);
     println!("\ntargets: +<=150 us p50 at c=1; >=5,000 calls/s and >=40 % of direct at c=32");
+}
+
+/// Opens an MCP session and returns its id.
+async fn initialize(http: &reqwest::Client, url: &str) -> String {
+    let response = http
+        .post(url)
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .header("accept", "application/json, text/event-stream")
+        .header("content-type", "application/json")
+        .body(r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"bench","version":"0"}}}"#)
+        .send()
+        .await
+        .unwrap();
+    response.headers()["mcp-session-id"]
+        .to_str()
+        .unwrap()
+        .to_owned()
 }
 
 struct Figures {
