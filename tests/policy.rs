@@ -187,3 +187,86 @@ async fn unknown_tool_is_byte_identical_whatever_the_cause() {
     }
     assert!(vendor.seen().is_empty());
 }
+
+const PUBLICATION_1: &str = r#"
+permit(principal, action, resource);
+"#;
+
+/// Publication 2: destructive tools may be listed but never called (a call-only forbid), and
+/// the tracker is off limits to everyone.
+const PUBLICATION_2: &str = r#"
+@id("allow-all")
+permit(principal, action, resource);
+@id("no-destructive-calls")
+forbid(principal, action == Obol::Action::"call", resource) when { resource.destructive };
+@id("no-tracker")
+forbid(principal, action, resource) when { resource.connector == "tracker" };
+"#;
+
+fn with_publications(vendor: &MockVendor) -> GatewayConfig {
+    let mut config = GatewayConfig::new(&vendor.base_url());
+    config.extra = String::new();
+    config.publications = vec![(1, PUBLICATION_1.into()), (2, PUBLICATION_2.into())];
+    let mut pinned = Key::new("obk_pinned", "acme", &["*"]);
+    pinned.policy = Some("1".into());
+    config.keys.push(pinned);
+    config
+}
+
+#[tokio::test]
+async fn cedar_forbids_override_permits_and_listing_matches_calling() {
+    let vendor = MockVendor::start().await;
+    let gateway = GatewayProcess::start(&with_publications(&vendor));
+
+    // TOKEN evaluates the latest publication (2).
+    let listed = names(&gateway, TOKEN).await;
+    assert!(
+        listed.contains(&"stripe.charges.list".to_string()),
+        "{listed:?}"
+    );
+    assert!(
+        !listed.contains(&"stripe.create_refund".to_string()),
+        "a call-only forbid hides it: {listed:?}"
+    );
+    assert!(
+        listed.iter().all(|n| !n.starts_with("tracker.")),
+        "{listed:?}"
+    );
+    let client = McpClient::connect(&gateway.url, TOKEN).await;
+    for hidden in ["stripe.create_refund", "tracker.issues.get"] {
+        let (code, message, data) = client
+            .call_err(hidden, json!({"charge": "ch_1", "number": 1}))
+            .await;
+        assert_eq!(
+            (code, message.as_str(), data),
+            (-32602, "Unknown tool", None),
+            "{hidden}"
+        );
+    }
+
+    // The receipt names the publication and the policies that decided.
+    let result = client.call("stripe.charges.list", json!({})).await.unwrap();
+    let id = result.meta.as_ref().unwrap().0["obol"]["receipt_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let receipt = crate::idempotency::receipt(&gateway, &id).await;
+    assert_eq!(receipt["policy_publication"], json!(2));
+    assert_eq!(
+        receipt["matched_policies"],
+        json!(["allow-all"]),
+        "{receipt}"
+    );
+
+    // A key pinned to publication 1 still sees everything.
+    let pinned = names(&gateway, "obk_pinned").await;
+    assert!(
+        pinned.contains(&"stripe.create_refund".to_string()),
+        "{pinned:?}"
+    );
+    assert!(
+        pinned.contains(&"tracker.issues.get".to_string()),
+        "{pinned:?}"
+    );
+    assert!(vendor.count("/v1/refunds") == 0 && vendor.count("/v1/charges") == 1);
+}

@@ -16,7 +16,7 @@ use axum::Router;
 use axum::routing::get;
 use obol::catalog::{Catalog, Connector, Manifest};
 use obol::config::{Config, RuntimeConfig};
-use obol::policy::{Environment, KeyHash, Scope, ToolGlob, VirtualKey};
+use obol::policy::{Environment, KeyHash, PolicyPin, Scope, ToolGlob, VirtualKey};
 use obol::runtime::{Runtime, wit};
 use serde_json::json;
 
@@ -174,6 +174,8 @@ async fn store_alone(redis: &Redis) {
                 evidence: EvidenceClass::GatewayObserved,
                 verification: Verification::Verified,
                 note: None,
+                policy_publication: None,
+                matched_policies: Vec::new(),
                 created_at_ms: now_ms(),
                 finalized_at_ms: now_ms(),
             };
@@ -298,6 +300,7 @@ fn listing_over_1000_tools() {
         allowed_tools: vec![ToolGlob::parse("conn*").unwrap()],
         scopes: vec![Scope::Mcp],
         filter: None,
+        policy: PolicyPin::Latest,
     };
     let mut samples = Vec::new();
     let mut size = 0;

@@ -4,11 +4,12 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::policy::{Environment, KeyHash, Scope, ToolFilter, ToolGlob};
+use crate::policy::{Environment, KeyHash, PolicyPin, Publication, Scope, ToolFilter, ToolGlob};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -100,6 +101,8 @@ pub struct WorkspaceConfig {
     /// A frozen workspace refuses every call.
     pub frozen: bool,
     pub connections: Vec<ConnectionConfig>,
+    /// Cedar policy publications, immutable and numbered.
+    pub publications: Vec<Arc<Publication>>,
 }
 
 /// A connector bound to a vendor account inside a workspace.
@@ -183,6 +186,7 @@ pub struct KeyConfig {
     pub allowed_tools: Vec<ToolGlob>,
     pub scopes: Vec<Scope>,
     pub filter: Option<ToolFilter>,
+    pub policy: PolicyPin,
 }
 
 // --- The file format. Private: everything above is what the rest of the gateway sees. -------
@@ -284,6 +288,17 @@ struct WorkspaceFile {
     frozen: bool,
     #[serde(default)]
     connections: Vec<ConnectionFile>,
+    #[serde(default)]
+    publications: Vec<PublicationFile>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PublicationFile {
+    number: u32,
+    /// Cedar policy text, or `file` naming a `.cedar` file.
+    policies: Option<String>,
+    file: Option<PathBuf>,
 }
 
 #[derive(Deserialize)]
@@ -323,6 +338,8 @@ struct KeyFile {
     scopes: Option<Vec<String>>,
     /// A CEL expression over `tool` and `key` that must hold for a tool to be visible.
     filter: Option<String>,
+    /// The policy publication to evaluate: `"latest"` (default) or a number.
+    policy: Option<String>,
 }
 
 impl Config {
@@ -444,10 +461,34 @@ impl Config {
                     secret,
                 });
             }
+            let mut publications: Vec<Arc<Publication>> = Vec::new();
+            for publication in workspace.publications {
+                let text = match (publication.policies, publication.file) {
+                    (Some(text), None) => text,
+                    (None, Some(path)) => std::fs::read_to_string(resolve(&path))
+                        .map_err(|e| invalid(format!("{}: {e}", path.display())))?,
+                    _ => {
+                        return Err(invalid(format!(
+                            "workspace {:?}: a publication names exactly one of `policies` or `file`",
+                            workspace.id
+                        )));
+                    }
+                };
+                if publications.iter().any(|p| p.number == publication.number) {
+                    return Err(invalid(format!(
+                        "workspace {:?}: publication {} is defined twice",
+                        workspace.id, publication.number
+                    )));
+                }
+                let parsed = Publication::parse(publication.number, &text)
+                    .map_err(|e| invalid(format!("workspace {:?}: {e}", workspace.id)))?;
+                publications.push(Arc::new(parsed));
+            }
             workspaces.push(WorkspaceConfig {
                 id: workspace.id,
                 frozen: workspace.frozen,
                 connections,
+                publications,
             });
         }
 
@@ -504,6 +545,13 @@ impl Config {
                 .map(ToolFilter::compile)
                 .transpose()
                 .map_err(|e| invalid(format!("key {:?}: {e}", key.name)))?;
+            let policy = key
+                .policy
+                .as_deref()
+                .map(PolicyPin::parse)
+                .transpose()
+                .map_err(|e| invalid(format!("key {:?}: {e}", key.name)))?
+                .unwrap_or(PolicyPin::Latest);
             keys.push(KeyConfig {
                 name: key.name,
                 hash,
@@ -512,6 +560,7 @@ impl Config {
                 allowed_tools,
                 scopes,
                 filter,
+                policy,
             });
         }
 

@@ -17,6 +17,8 @@ pub struct Key {
     pub environment: String,
     pub scopes: Vec<String>,
     pub filter: Option<String>,
+    /// The policy publication to pin (`None`: latest).
+    pub policy: Option<String>,
 }
 
 impl Key {
@@ -28,6 +30,7 @@ impl Key {
             environment: "dev".into(),
             scopes: vec!["mcp".into(), "receipts".into()],
             filter: None,
+            policy: None,
         }
     }
 }
@@ -51,6 +54,8 @@ pub struct GatewayConfig {
     pub frozen: Vec<String>,
     /// The environment of the `acme` connections (the gateway's by default).
     pub connection_environment: Option<String>,
+    /// Cedar publications of workspace `acme`: (number, policy text).
+    pub publications: Vec<(u32, String)>,
 }
 
 impl GatewayConfig {
@@ -76,6 +81,7 @@ impl GatewayConfig {
             environment: None,
             frozen: Vec::new(),
             connection_environment: None,
+            publications: Vec::new(),
         }
     }
 
@@ -150,6 +156,13 @@ impl GatewayConfig {
                 .unwrap();
             }
         }
+        for (number, policies) in &self.publications {
+            writeln!(
+                toml,
+                "[[workspaces.publications]]\nnumber = {number}\npolicies = {policies:?}"
+            )
+            .unwrap();
+        }
         writeln!(
             toml,
             "[[workspaces]]\nid = \"globex\"\nfrozen = {}",
@@ -169,6 +182,9 @@ impl GatewayConfig {
             .unwrap();
             if let Some(filter) = &key.filter {
                 writeln!(toml, "filter = {filter:?}").unwrap();
+            }
+            if let Some(policy) = &key.policy {
+                writeln!(toml, "policy = {policy:?}").unwrap();
             }
         }
         match &self.store {

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use serde_json::value::RawValue;
 
 use crate::config::{ConnectionConfig, WorkspaceConfig};
-use crate::policy::VirtualKey;
+use crate::policy::{Policies, VirtualKey};
 use crate::runtime::Guest;
 
 pub use manifest::{
@@ -59,6 +59,8 @@ pub struct WorkspaceCatalog {
 #[derive(Debug, Default)]
 pub struct Catalog {
     pub connectors: BTreeMap<ConnectorName, Arc<Connector>>,
+    /// The policy publications this snapshot evaluates.
+    pub policies: Policies,
     pub workspaces: HashMap<String, WorkspaceCatalog>,
     /// Problems found while building this snapshot, for the operator.
     pub problems: Vec<String>,
@@ -79,6 +81,9 @@ impl Catalog {
             catalog.connectors.insert(name, connector);
         }
         for workspace in workspaces {
+            for publication in &workspace.publications {
+                catalog.policies.add(&workspace.id, Arc::clone(publication));
+            }
             let mut routes = BTreeMap::new();
             for connection in &workspace.connections {
                 let connection = Arc::new(connection.clone());
@@ -126,7 +131,7 @@ impl Catalog {
         let mut tools = String::from("{\"tools\":[");
         if let Some(workspace) = self.workspaces.get(&key.workspace) {
             for route in workspace.routes.values() {
-                if crate::policy::visible(key, route) {
+                if crate::policy::decide(key, route, &self.policies).is_some() {
                     if !tools.ends_with('[') {
                         tools.push(',');
                     }

@@ -22,7 +22,7 @@ use crate::catalog::{Catalog, Route, StatusClass, ToolName};
 use crate::error::ObolError;
 use crate::idempotency::{IdempotencyKey, RequestHash};
 use crate::outbound::{AttemptOutcome, Outbound, Prepared, VendorReply};
-use crate::policy::VirtualKey;
+use crate::policy::{Verdict, VirtualKey};
 use crate::runtime::{GuestFailure, Runtime, wit};
 use crate::store::{
     Claim, ClaimKey, ClaimRecord, ClaimState, ConnectionSegment, OutcomeClass, Pin, Store,
@@ -89,6 +89,8 @@ pub async fn invoke(
 /// Everything decided before any state is written.
 struct Call {
     route: Arc<Route>,
+    /// The policy decision that admitted the call, for the receipt.
+    verdict: Verdict,
     request: Prepared,
     claim_key: ClaimKey,
     pin: Pin,
@@ -104,7 +106,7 @@ async fn prepare_call(
     request: CallRequest,
 ) -> Result<Call, ObolError> {
     // Route + authorize. Every way of not finding a callable tool is the same answer.
-    let route = route(catalog, key, &request.name).ok_or(ObolError::UnknownTool)?;
+    let (route, verdict) = route(catalog, key, &request.name).ok_or(ObolError::UnknownTool)?;
     let tool = route.tool();
     let arguments = Value::Object(request.arguments);
 
@@ -180,6 +182,7 @@ async fn prepare_call(
     };
     Ok(Call {
         route,
+        verdict,
         request: prepared,
         claim_key,
         pin,
@@ -214,7 +217,7 @@ async fn dispatch(services: &Services, call: Call) -> Answer {
         Ok(Claim::Acquired) => fresh,
         Ok(Claim::Existing(existing)) => {
             let claim = Some(identity(&existing));
-            match resume(services, &call, existing).await {
+            match resume(services, &call, *existing).await {
                 Resume::Answer(result) => return Answer { result, claim },
                 Resume::Dispatch(record) => record,
             }
@@ -568,11 +571,13 @@ fn outcome_class(class: StatusClass) -> OutcomeClass {
     }
 }
 
-/// Finds the route for a name the key may call. `None` covers every reason alike.
-pub fn route(catalog: &Catalog, key: &VirtualKey, name: &str) -> Option<Arc<Route>> {
+/// Finds the route for a name the key may call, with the policy verdict that allowed it.
+/// `None` covers every reason alike.
+pub fn route(catalog: &Catalog, key: &VirtualKey, name: &str) -> Option<(Arc<Route>, Verdict)> {
     let parsed = ToolName::parse(name)?;
     let route = catalog.route(&key.workspace, parsed.as_str())?;
-    crate::policy::visible(key, route).then(|| Arc::clone(route))
+    let verdict = crate::policy::decide(key, route, &catalog.policies)?;
+    Some((Arc::clone(route), verdict))
 }
 
 fn guest_failed(failure: GuestFailure) -> ObolError {

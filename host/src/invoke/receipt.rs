@@ -47,6 +47,8 @@ pub fn build(
         evidence,
         verification,
         note: note.map(str::to_owned),
+        policy_publication: call.verdict.publication,
+        matched_policies: call.verdict.policies.clone(),
         created_at_ms: record.created_at_ms,
         finalized_at_ms: now_ms(),
     }

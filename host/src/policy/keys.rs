@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
-use super::{ToolFilter, ToolGlob};
+use super::{PolicyPin, ToolFilter, ToolGlob};
 use crate::config::KeyConfig;
 
 /// A deployment environment. A gateway serves one; a key and a tool belong to one.
@@ -118,6 +118,8 @@ pub struct VirtualKey {
     pub allowed_tools: Vec<ToolGlob>,
     pub scopes: Vec<Scope>,
     pub filter: Option<ToolFilter>,
+    /// The policy publication the key evaluates under.
+    pub policy: PolicyPin,
 }
 
 impl VirtualKey {
@@ -145,6 +147,7 @@ impl KeyTable {
                     allowed_tools: k.allowed_tools.clone(),
                     scopes: k.scopes.clone(),
                     filter: k.filter.clone(),
+                    policy: k.policy,
                 };
                 (k.hash, Arc::new(key))
             })

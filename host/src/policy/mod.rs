@@ -4,12 +4,16 @@
 //! and call is decided here and nowhere else ([`visible`]), so that listing and calling
 //! cannot disagree.
 
+mod cedar;
 mod filter;
 mod glob;
 mod keys;
 mod prefilter;
+#[cfg(test)]
+mod property;
 
+pub use cedar::{Policies, PolicyPin, Publication, Verdict};
 pub use filter::ToolFilter;
 pub use glob::ToolGlob;
 pub use keys::{Environment, KeyHash, KeyTable, Scope, VirtualKey};
-pub use prefilter::visible;
+pub use prefilter::{decide, prefilter};

@@ -1,7 +1,17 @@
 //! The prefilter: the first of the checks a tool must pass to be listed and called.
 
-use super::{Environment, VirtualKey};
+use super::{Environment, Policies, Verdict, VirtualKey};
 use crate::catalog::Route;
+
+/// The full visibility decision: the prefilter, then Cedar under the key's publication.
+/// `None` means hidden (listing skips it; calling answers `Unknown tool`).
+pub fn decide(key: &VirtualKey, route: &Route, policies: &Policies) -> Option<Verdict> {
+    if !prefilter(key, route) {
+        return None;
+    }
+    let verdict = policies.decide(key, route);
+    verdict.allowed.then_some(verdict)
+}
 
 /// Whether `key` may see (and so call) the tool behind `route`. All must hold:
 ///
@@ -10,7 +20,7 @@ use crate::catalog::Route;
 /// 3. in prod, a destructive tool is visible only to a key that names it verbatim, never
 ///    through a glob — a wildcard must not silently grant a destructive production tool;
 /// 4. the key's own CEL filter, if any, holds.
-pub fn visible(key: &VirtualKey, route: &Route) -> bool {
+pub fn prefilter(key: &VirtualKey, route: &Route) -> bool {
     let name = route.name.as_str();
     let tool = route.tool();
     if !key.allowed_tools.iter().any(|glob| glob.matches(name)) {

@@ -48,6 +48,8 @@ fn receipt(record: &ClaimRecord, claim: &ClaimKey) -> Receipt {
         evidence: EvidenceClass::GatewayObserved,
         verification: Verification::Verified,
         note: None,
+        policy_publication: None,
+        matched_policies: Vec::new(),
         created_at_ms: record.created_at_ms,
         finalized_at_ms: now_ms(),
     }
@@ -69,7 +71,7 @@ async fn claims_are_created_once(store: &Store) {
     other.pin.request_hash = "different".into();
     assert_eq!(
         store.claim(&k, &other).await.unwrap(),
-        Claim::Existing(r.clone())
+        Claim::Existing(Box::new(r.clone()))
     );
     assert_eq!(store.get(&k).await.unwrap(), Some(r));
 }

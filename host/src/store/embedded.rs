@@ -202,7 +202,7 @@ fn write_loop(db: &Database, queue: &mpsc::Receiver<Op>, syncs: &AtomicU64) {
                 for (op, result) in batch.into_iter().zip(results) {
                     match (op, result) {
                         (Op::Claim { reply, .. }, Applied::Claim(claim)) => {
-                            let _ = reply.send(Ok(claim));
+                            let _ = reply.send(Ok(*claim));
                         }
                         (Op::Transition { reply, .. }, Applied::Transition(done)) => {
                             let _ = reply.send(Ok(done));
@@ -229,7 +229,7 @@ fn write_loop(db: &Database, queue: &mpsc::Receiver<Op>, syncs: &AtomicU64) {
 }
 
 enum Applied {
-    Claim(Claim),
+    Claim(Box<Claim>),
     Transition(bool),
 }
 
@@ -253,14 +253,14 @@ fn apply(db: &Database, batch: &[Op]) -> Result<Vec<Applied>, StoreError> {
                         .map_err(failed)?
                         .map(|bytes| serde_json::from_slice::<ClaimRecord>(bytes.value()));
                     match existing {
-                        Some(record) => {
-                            results.push(Applied::Claim(Claim::Existing(record.map_err(failed)?)))
-                        }
+                        Some(record) => results.push(Applied::Claim(Box::new(Claim::Existing(
+                            Box::new(record.map_err(failed)?),
+                        )))),
                         None => {
                             claims
                                 .insert(slot.as_str(), record.as_slice())
                                 .map_err(failed)?;
-                            results.push(Applied::Claim(Claim::Acquired));
+                            results.push(Applied::Claim(Box::new(Claim::Acquired)));
                         }
                     }
                 }

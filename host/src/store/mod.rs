@@ -161,7 +161,7 @@ pub enum Claim {
     /// The record did not exist and is now ours, as given.
     Acquired,
     /// A record exists; the caller decides (replay, conflict, not ready, redispatch).
-    Existing(ClaimRecord),
+    Existing(Box<ClaimRecord>),
 }
 
 /// A receipt: what one invocation did, for the workspace owner. No secrets, no arguments.
@@ -182,6 +182,12 @@ pub struct Receipt {
     pub verification: Verification,
     /// Why verification is not `verified`, when it is not.
     pub note: Option<String>,
+    /// The policy publication the call was evaluated under (`None`: the workspace has none).
+    #[serde(default)]
+    pub policy_publication: Option<u32>,
+    /// The policies that allowed the call.
+    #[serde(default)]
+    pub matched_policies: Vec<String>,
     pub created_at_ms: u64,
     pub finalized_at_ms: u64,
 }

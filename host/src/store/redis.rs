@@ -110,9 +110,9 @@ impl RedisStore {
         self.syncs.fetch_add(1, Ordering::Relaxed);
         match (found, existing) {
             (0, _) => Ok(Claim::Acquired),
-            (_, Some(json)) => Ok(Claim::Existing(
+            (_, Some(json)) => Ok(Claim::Existing(Box::new(
                 serde_json::from_str(&json).map_err(failed)?,
-            )),
+            ))),
             _ => Err(failed("claim script returned no record")),
         }
     }

@@ -21,7 +21,7 @@ impl VolatileStore {
     pub async fn claim(&self, key: &ClaimKey, record: &ClaimRecord) -> Result<Claim, StoreError> {
         let mut state = self.state.lock().expect("store lock");
         match state.claims.get(&key.slot()) {
-            Some(existing) => Ok(Claim::Existing(existing.clone())),
+            Some(existing) => Ok(Claim::Existing(Box::new(existing.clone()))),
             None => {
                 state.claims.insert(key.slot(), record.clone());
                 Ok(Claim::Acquired)

@@ -1,0 +1,215 @@
+//! Cedar policies: per-workspace, immutable, numbered publications.
+//!
+//! Entities: `Obol::Key::"<key name>"` (in `Obol::Workspace`), `Obol::Tool::"connector.tool"`
+//! (attributes `connector`, `destructive`, `environment`, `route`, `propagation`, and in
+//! `Obol::Connection::"<id>"`); actions `Obol::Action::"list"` and `Obol::Action::"call"`.
+//!
+//! A tool is visible when both `list` and `call` are allowed. Today a call's Cedar context is
+//! the same as a listing's (empty), so "call would not be categorically denied" is exactly
+//! "call is allowed", and listing and calling cannot disagree (ADR-0005).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::str::FromStr;
+use std::sync::Arc;
+
+use cedar_policy::{
+    Authorizer, Context, Decision, Entities, Entity, EntityUid, PolicySet, Request,
+    RestrictedExpression,
+};
+
+use super::VirtualKey;
+use crate::catalog::Route;
+
+/// Which publication a key evaluates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PolicyPin {
+    Latest,
+    Number(u32),
+}
+
+impl PolicyPin {
+    pub fn parse(text: &str) -> Result<PolicyPin, String> {
+        match text {
+            "latest" => Ok(PolicyPin::Latest),
+            number => number
+                .parse()
+                .map(PolicyPin::Number)
+                .map_err(|_| format!("policy pin {text:?} is neither \"latest\" nor a number")),
+        }
+    }
+}
+
+/// One publication: its number and its parsed policies.
+#[derive(Debug)]
+pub struct Publication {
+    pub number: u32,
+    policies: PolicySet,
+}
+
+impl Publication {
+    pub fn parse(number: u32, text: &str) -> Result<Publication, String> {
+        let policies = PolicySet::from_str(text)
+            .map_err(|e| format!("publication {number} does not parse: {e}"))?;
+        Ok(Publication { number, policies })
+    }
+}
+
+/// Every workspace's publications.
+#[derive(Debug, Default)]
+pub struct Policies {
+    by_workspace: HashMap<String, BTreeMap<u32, Arc<Publication>>>,
+}
+
+/// What Cedar decided for one key and tool, for the receipt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    /// `None` when the workspace has no publication (the prefilter alone governs it).
+    pub publication: Option<u32>,
+    pub allowed: bool,
+    /// The policies that determined the decision.
+    pub policies: Vec<String>,
+}
+
+impl Policies {
+    pub fn add(&mut self, workspace: &str, publication: Arc<Publication>) {
+        self.by_workspace
+            .entry(workspace.to_owned())
+            .or_default()
+            .insert(publication.number, publication);
+    }
+
+    /// The publication `key` evaluates under, if its workspace has any.
+    pub fn publication_for(&self, key: &VirtualKey) -> Option<Arc<Publication>> {
+        let publications = self.by_workspace.get(&key.workspace)?;
+        match key.policy {
+            PolicyPin::Latest => publications.values().next_back().cloned(),
+            PolicyPin::Number(n) => publications.get(&n).cloned(),
+        }
+    }
+
+    pub fn has_workspace(&self, workspace: &str) -> bool {
+        self.by_workspace.contains_key(workspace)
+    }
+
+    /// Both `list` and `call` must be allowed. A workspace without publications is governed
+    /// by the prefilter alone; a key pinned to a publication that does not exist sees nothing.
+    pub fn decide(&self, key: &VirtualKey, route: &Route) -> Verdict {
+        if !self.has_workspace(&key.workspace) {
+            return Verdict {
+                publication: None,
+                allowed: true,
+                policies: Vec::new(),
+            };
+        }
+        let Some(publication) = self.publication_for(key) else {
+            return Verdict {
+                publication: None,
+                allowed: false,
+                policies: Vec::new(),
+            };
+        };
+        let Ok((entities, principal, resource)) = entities(key, route) else {
+            return Verdict {
+                publication: Some(publication.number),
+                allowed: false,
+                policies: Vec::new(),
+            };
+        };
+        let authorizer = Authorizer::new();
+        let mut policies = Vec::new();
+        let mut allowed = true;
+        for action in ["list", "call"] {
+            let action = EntityUid::from_str(&format!(r#"Obol::Action::"{action}""#))
+                .expect("a literal entity uid");
+            let Ok(request) = Request::new(
+                principal.clone(),
+                action,
+                resource.clone(),
+                Context::empty(),
+                None,
+            ) else {
+                allowed = false;
+                break;
+            };
+            let response = authorizer.is_authorized(&request, &publication.policies, &entities);
+            for id in response.diagnostics().reason() {
+                // Operators name policies with `@id("…")`; Cedar's own ids are positional.
+                let name = publication
+                    .policies
+                    .annotation(id, "id")
+                    .map_or_else(|| id.to_string(), str::to_owned);
+                if !policies.contains(&name) {
+                    policies.push(name);
+                }
+            }
+            if response.decision() == Decision::Deny {
+                allowed = false;
+                break;
+            }
+        }
+        Verdict {
+            publication: Some(publication.number),
+            allowed,
+            policies,
+        }
+    }
+}
+
+fn uid(kind: &str, id: &str) -> Result<EntityUid, String> {
+    let escaped = id.replace('\\', "\\\\").replace('"', "\\\"");
+    EntityUid::from_str(&format!(r#"Obol::{kind}::"{escaped}""#)).map_err(|e| e.to_string())
+}
+
+fn entities(key: &VirtualKey, route: &Route) -> Result<(Entities, EntityUid, EntityUid), String> {
+    let workspace = uid("Workspace", &key.workspace)?;
+    let connection = uid("Connection", &route.connection.id)?;
+    let principal = uid("Key", &key.name)?;
+    let resource = uid("Tool", route.name.as_str())?;
+    let tool = route.tool();
+    let string = |s: &str| RestrictedExpression::new_string(s.to_owned());
+    let key_entity = Entity::new(
+        principal.clone(),
+        HashMap::from([
+            ("name".to_owned(), string(&key.name)),
+            ("environment".to_owned(), string(key.environment.as_str())),
+        ]),
+        HashSet::from([workspace.clone()]),
+    )
+    .map_err(|e| e.to_string())?;
+    let route_kind = match tool.effect.route {
+        crate::catalog::RouteKind::Native => "native",
+        crate::catalog::RouteKind::Federated => "federated",
+    };
+    let tool_entity = Entity::new(
+        resource.clone(),
+        HashMap::from([
+            ("connector".to_owned(), string(route.name.connector())),
+            (
+                "destructive".to_owned(),
+                RestrictedExpression::new_bool(tool.effect.destructive),
+            ),
+            (
+                "environment".to_owned(),
+                string(route.connection.environment.as_str()),
+            ),
+            ("route".to_owned(), string(route_kind)),
+            (
+                "propagation".to_owned(),
+                string(tool.effect.propagation.label()),
+            ),
+        ]),
+        HashSet::from([connection.clone()]),
+    )
+    .map_err(|e| e.to_string())?;
+    let entities = Entities::from_entities(
+        [
+            key_entity,
+            tool_entity,
+            Entity::with_uid(workspace),
+            Entity::with_uid(connection),
+        ],
+        None,
+    )
+    .map_err(|e| e.to_string())?;
+    Ok((entities, principal, resource))
+}
