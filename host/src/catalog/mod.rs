@@ -9,12 +9,12 @@ mod names;
 mod sources;
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use serde_json::value::RawValue;
 
 use crate::config::{ConnectionConfig, WorkspaceConfig};
-use crate::policy::{Policies, VirtualKey};
+use crate::policy::{KeyHash, Policies, Verdict, VirtualKey};
 use crate::runtime::Guest;
 
 pub use manifest::{
@@ -64,6 +64,18 @@ pub struct Catalog {
     pub workspaces: HashMap<String, WorkspaceCatalog>,
     /// Problems found while building this snapshot, for the operator.
     pub problems: Vec<String>,
+    /// Each key's view of this snapshot, computed on first use. A snapshot and its
+    /// publications are immutable, so a view never goes stale; a reload builds a new
+    /// snapshot with an empty cache.
+    views: Mutex<HashMap<KeyHash, Arc<KeyView>>>,
+}
+
+/// What one key sees in a snapshot: its `tools/list` answer and the verdict for each visible
+/// tool. Listing and calling both read it, so they cannot disagree.
+#[derive(Debug)]
+pub struct KeyView {
+    pub listing: String,
+    pub verdicts: HashMap<String, Verdict>,
 }
 
 impl Catalog {
@@ -124,23 +136,42 @@ impl Catalog {
         self.workspaces.get(workspace)?.routes.get(name)
     }
 
-    /// The `tools/list` result for a key, as JSON text: its workspace's tools that its globs
-    /// allow, joined from the listings rendered when the snapshot was built (a listing is
-    /// never re-serialized per request).
+    /// The key's view of this snapshot (cached per key).
+    pub fn view(&self, key: &VirtualKey) -> Arc<KeyView> {
+        if let Some(view) = self.views.lock().expect("views lock").get(&key.hash) {
+            return Arc::clone(view);
+        }
+        let view = Arc::new(self.compute_view(key));
+        self.views
+            .lock()
+            .expect("views lock")
+            .insert(key.hash, Arc::clone(&view));
+        view
+    }
+
+    /// The `tools/list` result for a key, as JSON text.
     pub fn listing(&self, key: &VirtualKey) -> String {
-        let mut tools = String::from("{\"tools\":[");
+        self.view(key).listing.clone()
+    }
+
+    /// Decides every tool of the key's workspace once, and joins the visible tools' listings
+    /// (rendered when the snapshot was built; never re-serialized per request).
+    fn compute_view(&self, key: &VirtualKey) -> KeyView {
+        let mut listing = String::from("{\"tools\":[");
+        let mut verdicts = HashMap::new();
         if let Some(workspace) = self.workspaces.get(&key.workspace) {
-            for route in workspace.routes.values() {
-                if crate::policy::decide(key, route, &self.policies).is_some() {
-                    if !tools.ends_with('[') {
-                        tools.push(',');
+            for (name, route) in &workspace.routes {
+                if let Some(verdict) = crate::policy::decide(key, route, &self.policies) {
+                    if !listing.ends_with('[') {
+                        listing.push(',');
                     }
-                    tools.push_str(route.listing.get());
+                    listing.push_str(route.listing.get());
+                    verdicts.insert(name.clone(), verdict);
                 }
             }
         }
-        tools.push_str("]}");
-        tools
+        listing.push_str("]}");
+        KeyView { listing, verdicts }
     }
 
     /// A digest of everything a client could observe in a listing, to tell whether a reload
