@@ -12,10 +12,37 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::str::FromStr;
 use std::sync::Arc;
 
+use std::sync::LazyLock;
+
 use cedar_policy::{
-    Authorizer, Context, Decision, Entities, Entity, EntityUid, PolicySet, Request,
-    RestrictedExpression,
+    Authorizer, Context, Decision, Entities, Entity, EntityId, EntityTypeName, EntityUid,
+    PolicySet, Request, RestrictedExpression,
 };
+
+/// Entity type names and action ids, parsed once: Cedar's parser is far slower than the
+/// evaluation it feeds.
+struct Names {
+    key: EntityTypeName,
+    tool: EntityTypeName,
+    workspace: EntityTypeName,
+    connection: EntityTypeName,
+    actions: [EntityUid; 2],
+}
+
+static NAMES: LazyLock<Names> = LazyLock::new(|| {
+    let kind = |name: &str| EntityTypeName::from_str(name).expect("a literal type name");
+    let action = kind("Obol::Action");
+    Names {
+        key: kind("Obol::Key"),
+        tool: kind("Obol::Tool"),
+        workspace: kind("Obol::Workspace"),
+        connection: kind("Obol::Connection"),
+        actions: [
+            EntityUid::from_type_name_and_id(action.clone(), EntityId::new("list")),
+            EntityUid::from_type_name_and_id(action, EntityId::new("call")),
+        ],
+    }
+});
 
 use super::VirtualKey;
 use crate::catalog::Route;
@@ -118,12 +145,10 @@ impl Policies {
         let authorizer = Authorizer::new();
         let mut policies = Vec::new();
         let mut allowed = true;
-        for action in ["list", "call"] {
-            let action = EntityUid::from_str(&format!(r#"Obol::Action::"{action}""#))
-                .expect("a literal entity uid");
+        for action in &NAMES.actions {
             let Ok(request) = Request::new(
                 principal.clone(),
-                action,
+                action.clone(),
                 resource.clone(),
                 Context::empty(),
                 None,
@@ -155,16 +180,16 @@ impl Policies {
     }
 }
 
-fn uid(kind: &str, id: &str) -> Result<EntityUid, String> {
-    let escaped = id.replace('\\', "\\\\").replace('"', "\\\"");
-    EntityUid::from_str(&format!(r#"Obol::{kind}::"{escaped}""#)).map_err(|e| e.to_string())
+fn uid(kind: &EntityTypeName, id: &str) -> EntityUid {
+    EntityUid::from_type_name_and_id(kind.clone(), EntityId::new(id))
 }
 
 fn entities(key: &VirtualKey, route: &Route) -> Result<(Entities, EntityUid, EntityUid), String> {
-    let workspace = uid("Workspace", &key.workspace)?;
-    let connection = uid("Connection", &route.connection.id)?;
-    let principal = uid("Key", &key.name)?;
-    let resource = uid("Tool", route.name.as_str())?;
+    let names = &*NAMES;
+    let workspace = uid(&names.workspace, &key.workspace);
+    let connection = uid(&names.connection, &route.connection.id);
+    let principal = uid(&names.key, &key.name);
+    let resource = uid(&names.tool, route.name.as_str());
     let tool = route.tool();
     let string = |s: &str| RestrictedExpression::new_string(s.to_owned());
     let key_entity = Entity::new(
