@@ -199,20 +199,21 @@ async fn malformed_keys_are_refused_before_anything_is_written() {
         assert_invalid_key(&r, bad);
     }
     // Given twice.
+    let bearer = format!("Bearer {TOKEN}");
     let twice = raw
-        .http
-        .post(&raw.url)
-        .bearer_auth(TOKEN)
-        .header("mcp-session-id", &session)
-        .header("accept", "text/event-stream")
-        .header("content-type", "application/json")
-        .header("idempotency-key", "idt_aaaaaaaaaaaaaaaaaaaa")
-        .header("idempotency-key", "idt_bbbbbbbbbbbbbbbbbbbb")
-        .body(body.clone())
-        .send()
-        .await
-        .unwrap();
-    assert_invalid_key(&crate::support::client::read(twice).await, "twice");
+        .post_exact(
+            &[
+                ("authorization", bearer.as_str()),
+                ("mcp-session-id", session.as_str()),
+                ("accept", "text/event-stream"),
+                ("content-type", "application/json"),
+                ("idempotency-key", "idt_aaaaaaaaaaaaaaaaaaaa"),
+                ("idempotency-key", "idt_bbbbbbbbbbbbbbbbbbbb"),
+            ],
+            &body,
+        )
+        .await;
+    assert_invalid_key(&twice, "twice");
     assert!(vendor.seen().is_empty());
     let receipts = reqwest::Client::new()
         .get(gateway.url.replace("/mcp", "/v1/receipts"))

@@ -205,7 +205,6 @@ forbid(principal, action, resource) when { resource.connector == "tracker" };
 
 fn with_publications(vendor: &MockVendor) -> GatewayConfig {
     let mut config = GatewayConfig::new(&vendor.base_url());
-    config.extra = String::new();
     config.publications = vec![(1, PUBLICATION_1.into()), (2, PUBLICATION_2.into())];
     let mut pinned = Key::new("obk_pinned", "acme", &["*"]);
     pinned.policy = Some("1".into());

@@ -113,42 +113,41 @@ async fn status_matrix_before_the_mcp_server() {
     assert_error(&r, 404, -32010, "unknown_session");
 
     // 400: a header that must be single, given twice; two Authorization headers are 401.
+    let bearer = format!("Bearer {TOKEN}");
+    let common = [
+        ("accept", "text/event-stream"),
+        ("content-type", "application/json"),
+    ];
     let twice = raw
-        .http
-        .post(&raw.url)
-        .bearer_auth(TOKEN)
-        .header("mcp-session-id", &session)
-        .header("mcp-session-id", &session)
-        .header("accept", "text/event-stream")
-        .header("content-type", "application/json")
-        .body(PING)
-        .send()
-        .await
-        .unwrap();
-    assert_error(
-        &crate::support::client::read(twice).await,
-        400,
-        -32009,
-        "malformed_header",
-    );
+        .post_exact(
+            &[
+                &[
+                    ("authorization", bearer.as_str()),
+                    ("mcp-session-id", session.as_str()),
+                    ("mcp-session-id", session.as_str()),
+                ][..],
+                &common[..],
+            ]
+            .concat(),
+            PING,
+        )
+        .await;
+    assert_error(&twice, 400, -32009, "malformed_header");
     let two_keys = raw
-        .http
-        .post(&raw.url)
-        .header("authorization", format!("Bearer {TOKEN}"))
-        .header("authorization", "Bearer obk_other")
-        .header("mcp-session-id", &session)
-        .header("accept", "text/event-stream")
-        .header("content-type", "application/json")
-        .body(PING)
-        .send()
-        .await
-        .unwrap();
-    assert_error(
-        &crate::support::client::read(two_keys).await,
-        401,
-        -32001,
-        "unauthenticated",
-    );
+        .post_exact(
+            &[
+                &[
+                    ("authorization", bearer.as_str()),
+                    ("authorization", "Bearer obk_other"),
+                    ("mcp-session-id", session.as_str()),
+                ][..],
+                &common[..],
+            ]
+            .concat(),
+            PING,
+        )
+        .await;
+    assert_error(&two_keys, 401, -32001, "unauthenticated");
 
     // 405: a method the endpoint does not have.
     let put = raw

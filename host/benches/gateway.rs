@@ -218,16 +218,7 @@ fn rss_mib() -> f64 {
 }
 
 fn bench_runtime() -> Arc<Runtime> {
-    Arc::new(
-        Runtime::new(RuntimeConfig {
-            memory_limit_bytes: 64 << 20,
-            call_deadline: Duration::from_secs(2),
-            max_output_bytes: 4 << 20,
-            cache_dir: None,
-            max_concurrent_calls: 64,
-        })
-        .unwrap(),
-    )
+    Arc::new(Runtime::new(RuntimeConfig::default()).unwrap())
 }
 
 /// Fifty connectors of twenty tools each: each a separately compiled component (so code

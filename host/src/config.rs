@@ -80,6 +80,19 @@ pub struct RuntimeConfig {
     pub max_concurrent_calls: u32,
 }
 
+impl Default for RuntimeConfig {
+    /// The documented defaults; the config file overrides them field by field.
+    fn default() -> RuntimeConfig {
+        RuntimeConfig {
+            memory_limit_bytes: 64 << 20,
+            call_deadline: Duration::from_secs(2),
+            max_output_bytes: 4 << 20,
+            cache_dir: None,
+            max_concurrent_calls: 64,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct OutboundConfig {
     pub connect_timeout: Duration,
@@ -589,7 +602,12 @@ impl Config {
             backend
         };
         let request_timeout = ms(file.outbound.request_timeout_ms.unwrap_or(30_000));
-        let call_deadline = ms(file.runtime.call_deadline_ms.unwrap_or(2_000));
+        let runtime_defaults = RuntimeConfig::default();
+        let call_deadline = file
+            .runtime
+            .call_deadline_ms
+            .map(ms)
+            .unwrap_or(runtime_defaults.call_deadline);
         // Long enough for two attempts and two guest calls, so a live holder never looks dead.
         let default_lease = 2 * (request_timeout + call_deadline) + Duration::from_secs(5);
         Ok(Config {
@@ -597,11 +615,20 @@ impl Config {
             environment,
             allowed_origins: file.server.allowed_origins.unwrap_or_default(),
             runtime: RuntimeConfig {
-                memory_limit_bytes: file.runtime.memory_limit_mib.unwrap_or(64) << 20,
+                memory_limit_bytes: file
+                    .runtime
+                    .memory_limit_mib
+                    .map_or(runtime_defaults.memory_limit_bytes, |mib| mib << 20),
                 call_deadline,
-                max_output_bytes: file.runtime.max_output_kib.unwrap_or(4 * 1024) << 10,
+                max_output_bytes: file
+                    .runtime
+                    .max_output_kib
+                    .map_or(runtime_defaults.max_output_bytes, |kib| kib << 10),
                 cache_dir: file.runtime.cache_dir.map(|p| resolve(&p)),
-                max_concurrent_calls: file.runtime.max_concurrent_calls.unwrap_or(64),
+                max_concurrent_calls: file
+                    .runtime
+                    .max_concurrent_calls
+                    .unwrap_or(runtime_defaults.max_concurrent_calls),
             },
             components,
             connectors_dir: file.connectors.dir.map(|p| resolve(&p)),

@@ -109,11 +109,8 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             let bytes = std::fs::read(&component)
                 .map_err(|e| anyhow::anyhow!("{}: {e}", component.display()))?;
             let runtime = Runtime::new(RuntimeConfig {
-                memory_limit_bytes: 64 << 20,
-                call_deadline: std::time::Duration::from_secs(2),
-                max_output_bytes: 4 << 20,
-                cache_dir: None,
                 max_concurrent_calls: 1,
+                ..RuntimeConfig::default()
             })?;
             match load_connector(&runtime, &component.display().to_string(), &bytes) {
                 Ok(connector) => {

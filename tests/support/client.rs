@@ -185,6 +185,16 @@ impl RawMcp {
         read(self.http.execute(built).await.unwrap()).await
     }
 
+    /// A POST with exactly `headers`, appended in order (so a header may repeat), for the
+    /// malformed-header rows no well-behaved client produces.
+    pub async fn post_exact(&self, headers: &[(&str, &str)], body: &str) -> RawResponse {
+        let mut request = self.http.post(&self.url);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        read(request.body(body.to_owned()).send().await.unwrap()).await
+    }
+
     /// `initialize` at `version`; returns the session id and the response.
     pub async fn initialize(&self, token: &str, version: &str) -> (String, RawResponse) {
         let body = serde_json::json!({

@@ -152,11 +152,8 @@ fn key(g: &mut Gen, prod: bool) -> VirtualKey {
 #[test]
 fn listing_and_calling_agree_over_a_thousand_generated_cases() {
     let runtime = Runtime::new(crate::config::RuntimeConfig {
-        memory_limit_bytes: 16 << 20,
-        call_deadline: std::time::Duration::from_secs(1),
-        max_output_bytes: 1 << 20,
-        cache_dir: None,
         max_concurrent_calls: 2,
+        ..Default::default()
     })
     .unwrap();
     let connectors = connectors(&runtime);

@@ -15,7 +15,6 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
-use std::time::Duration;
 
 use obol::catalog::{Connector, Manifest, load_connector};
 use obol::config::RuntimeConfig;
@@ -80,11 +79,8 @@ impl Harness {
         let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         let runtime = Arc::new(
             Runtime::new(RuntimeConfig {
-                memory_limit_bytes: 64 << 20,
-                call_deadline: Duration::from_secs(2),
-                max_output_bytes: 4 << 20,
-                cache_dir: None,
                 max_concurrent_calls: 4,
+                ..RuntimeConfig::default()
             })
             .expect("a wasmtime engine"),
         );
