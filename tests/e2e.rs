@@ -6,9 +6,13 @@
 //! - `tools`: listing and calling through rmcp's client; namespacing; key globs; credentials.
 //! - `sandboxing`: hostile components and refused manifests.
 //! - `python_client`: the official Python `mcp` SDK against the gateway.
+//! - `admin`: keys and publications managed on a running gateway (`obol keys`, `obol policies`).
+//! - `approvals`: held destructive calls, the owner's inbox (in headless Chromium), tokens.
 
 mod support;
 
+mod admin;
+mod approvals;
 mod idempotency;
 mod policy;
 mod python_client;

@@ -30,10 +30,15 @@ pub fn meta(result: &rmcp::model::CallToolResult) -> Value {
 }
 
 pub async fn receipt(gateway: &GatewayProcess, id: &str) -> Value {
+    receipt_as(gateway, TOKEN, id).await
+}
+
+/// A receipt, read with `token` (a key of its workspace with the receipts scope).
+pub async fn receipt_as(gateway: &GatewayProcess, token: &str, id: &str) -> Value {
     let url = gateway.url.replace("/mcp", &format!("/v1/receipts/{id}"));
     let response = reqwest::Client::new()
         .get(url)
-        .bearer_auth(TOKEN)
+        .bearer_auth(token)
         .send()
         .await
         .unwrap();

@@ -176,6 +176,7 @@ async fn store_alone(redis: &Redis) {
                 note: None,
                 policy_publication: None,
                 matched_policies: Vec::new(),
+                approval_id: None,
                 created_at_ms: now_ms(),
                 finalized_at_ms: now_ms(),
             };

@@ -46,6 +46,19 @@ pub struct Config {
     /// Serve the bundled sandbox vendor on this address (the README's offline demo).
     pub sandbox: Option<SocketAddr>,
     pub store: StoreConfig,
+    pub approvals: ApprovalsConfig,
+    /// The sha256 of the admin API's bearer token; `None` disables the admin API.
+    pub admin: Option<KeyHash>,
+}
+
+/// Approval tokens and the inbox.
+#[derive(Debug, Clone)]
+pub struct ApprovalsConfig {
+    /// Signs new tokens and verifies current and not-yet-retired ones.
+    pub keyring: Arc<crate::approvals::Keyring>,
+    /// The gateway's address as a browser reaches it; `inbox_url` is built from it. `None`:
+    /// the address the gateway listens on.
+    pub public_url: Option<String>,
 }
 
 /// Where claims, receipts and the audit log live.
@@ -113,6 +126,8 @@ pub struct WorkspaceConfig {
     pub id: String,
     /// A frozen workspace refuses every call.
     pub frozen: bool,
+    /// The sha256 of the owner's token: the owner approves held calls in the inbox.
+    pub owner: Option<KeyHash>,
     pub connections: Vec<ConnectionConfig>,
     /// Cedar policy publications, immutable and numbered.
     pub publications: Vec<Arc<Publication>>,
@@ -220,9 +235,47 @@ struct File {
     #[serde(default)]
     workspaces: Vec<WorkspaceFile>,
     #[serde(default)]
-    keys: Vec<KeyFile>,
+    keys: Vec<KeySpec>,
     #[serde(default)]
     store: StoreFile,
+    #[serde(default)]
+    approvals: ApprovalsFile,
+    #[serde(default)]
+    admin: AdminFile,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct AdminFile {
+    /// `sha256:<hex>` of the admin token (`obol keys hash TOKEN`).
+    token_hash: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ApprovalsFile {
+    /// The key new tokens are signed with (`obol approvals keygen` makes one).
+    signing_key: Option<SigningKeyFile>,
+    /// Public keys that still verify: the previous signer during a rotation.
+    #[serde(default)]
+    verify_keys: Vec<VerifyKeyFile>,
+    public_url: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SigningKeyFile {
+    id: String,
+    /// A file holding the 32-byte seed as 64 hex digits.
+    file: PathBuf,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct VerifyKeyFile {
+    id: String,
+    /// 64 hex digits.
+    public_key: String,
 }
 
 #[derive(Deserialize, Default)]
@@ -299,6 +352,8 @@ struct WorkspaceFile {
     id: String,
     #[serde(default)]
     frozen: bool,
+    /// `sha256:<hex>` of the owner's token (`obol keys hash TOKEN`).
+    owner: Option<String>,
     #[serde(default)]
     connections: Vec<ConnectionFile>,
     #[serde(default)]
@@ -335,24 +390,94 @@ struct SecretFile {
     scheme: Option<String>,
 }
 
-#[derive(Deserialize)]
+/// A key as an operator writes it, in `[[keys]]` or to the admin API.
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
-struct KeyFile {
-    name: String,
-    /// `sha256:<hex>` of the key's token; `obol keys hash TOKEN` prints it.
-    hash: String,
-    workspace: String,
-    environment: String,
+pub struct KeySpec {
+    pub name: String,
+    /// `sha256:<hex>` of the key's token; `obol keys hash TOKEN` prints it. (The admin API
+    /// mints the token and fills this in.)
     #[serde(default)]
-    allowed_tools: Vec<String>,
+    pub hash: String,
+    pub workspace: String,
+    pub environment: String,
     #[serde(default)]
-    tools_mode: Option<String>,
+    pub allowed_tools: Vec<String>,
+    #[serde(default)]
+    pub tools_mode: Option<String>,
     /// What the key may use: `mcp` (default), `receipts`, `approvals`, `route`.
-    scopes: Option<Vec<String>>,
+    pub scopes: Option<Vec<String>>,
     /// A CEL expression over `tool` and `key` that must hold for a tool to be visible.
-    filter: Option<String>,
+    pub filter: Option<String>,
     /// The policy publication to evaluate: `"latest"` (default) or a number.
-    policy: Option<String>,
+    pub policy: Option<String>,
+}
+
+impl KeyConfig {
+    /// Validates one key, from the config file or the admin API (one set of rules).
+    pub fn from_spec(key: KeySpec, workspaces: &[WorkspaceConfig]) -> Result<KeyConfig, String> {
+        let hash = KeyHash::parse(&key.hash).map_err(|e| format!("key {:?}: {e}", key.name))?;
+        if !workspaces.iter().any(|w| w.id == key.workspace) {
+            return Err(format!(
+                "key {:?} names unknown workspace {:?}",
+                key.name, key.workspace
+            ));
+        }
+        match key.tools_mode.as_deref() {
+            None | Some("full") => {}
+            Some("progressive") => {
+                return Err(format!(
+                    "key {:?}: tools_mode \"progressive\" is not available yet; use \"full\"",
+                    key.name
+                ));
+            }
+            Some(other) => {
+                return Err(format!(
+                    "key {:?}: unknown tools_mode {other:?} (expected \"full\")",
+                    key.name
+                ));
+            }
+        }
+        let allowed_tools = key
+            .allowed_tools
+            .iter()
+            .map(|g| ToolGlob::parse(g))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("key {:?}: {e}", key.name))?;
+        let key_environment =
+            Environment::parse(&key.environment).map_err(|e| format!("key {:?}: {e}", key.name))?;
+        let scopes = match &key.scopes {
+            None => vec![Scope::Mcp],
+            Some(names) => names
+                .iter()
+                .map(|n| Scope::parse(n))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| format!("key {:?}: {e}", key.name))?,
+        };
+        let filter = key
+            .filter
+            .as_deref()
+            .map(ToolFilter::compile)
+            .transpose()
+            .map_err(|e| format!("key {:?}: {e}", key.name))?;
+        let policy = key
+            .policy
+            .as_deref()
+            .map(PolicyPin::parse)
+            .transpose()
+            .map_err(|e| format!("key {:?}: {e}", key.name))?
+            .unwrap_or(PolicyPin::Latest);
+        Ok(KeyConfig {
+            name: key.name,
+            hash,
+            workspace: key.workspace,
+            environment: key_environment,
+            allowed_tools,
+            scopes,
+            filter,
+            policy,
+        })
+    }
 }
 
 impl Config {
@@ -497,9 +622,16 @@ impl Config {
                     .map_err(|e| invalid(format!("workspace {:?}: {e}", workspace.id)))?;
                 publications.push(Arc::new(parsed));
             }
+            let owner = workspace
+                .owner
+                .as_deref()
+                .map(KeyHash::parse)
+                .transpose()
+                .map_err(|e| invalid(format!("workspace {:?}: owner: {e}", workspace.id)))?;
             workspaces.push(WorkspaceConfig {
                 id: workspace.id,
                 frozen: workspace.frozen,
+                owner,
                 connections,
                 publications,
             });
@@ -507,75 +639,63 @@ impl Config {
 
         let mut keys: Vec<KeyConfig> = Vec::new();
         for key in file.keys {
-            let hash = KeyHash::parse(&key.hash)
-                .map_err(|e| invalid(format!("key {:?}: {e}", key.name)))?;
-            if keys.iter().any(|k| k.hash == hash) {
+            let key = KeyConfig::from_spec(key, &workspaces).map_err(invalid)?;
+            if keys
+                .iter()
+                .any(|k| k.hash == key.hash || k.name == key.name)
+            {
                 return Err(invalid(format!(
-                    "key {:?} repeats another key's hash",
+                    "key {:?} repeats another key's name or hash",
                     key.name
                 )));
             }
-            if !workspaces.iter().any(|w| w.id == key.workspace) {
-                return Err(invalid(format!(
-                    "key {:?} names unknown workspace {:?}",
-                    key.name, key.workspace
-                )));
-            }
-            match key.tools_mode.as_deref() {
-                None | Some("full") => {}
-                Some("progressive") => {
-                    return Err(invalid(format!(
-                        "key {:?}: tools_mode \"progressive\" is not available yet; use \"full\"",
-                        key.name
-                    )));
-                }
-                Some(other) => {
-                    return Err(invalid(format!(
-                        "key {:?}: unknown tools_mode {other:?} (expected \"full\")",
-                        key.name
-                    )));
-                }
-            }
-            let allowed_tools = key
-                .allowed_tools
-                .iter()
-                .map(|g| ToolGlob::parse(g))
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| invalid(format!("key {:?}: {e}", key.name)))?;
-            let key_environment = Environment::parse(&key.environment)
-                .map_err(|e| invalid(format!("key {:?}: {e}", key.name)))?;
-            let scopes = match &key.scopes {
-                None => vec![Scope::Mcp],
-                Some(names) => names
-                    .iter()
-                    .map(|n| Scope::parse(n))
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| invalid(format!("key {:?}: {e}", key.name)))?,
-            };
-            let filter = key
-                .filter
-                .as_deref()
-                .map(ToolFilter::compile)
-                .transpose()
-                .map_err(|e| invalid(format!("key {:?}: {e}", key.name)))?;
-            let policy = key
-                .policy
-                .as_deref()
-                .map(PolicyPin::parse)
-                .transpose()
-                .map_err(|e| invalid(format!("key {:?}: {e}", key.name)))?
-                .unwrap_or(PolicyPin::Latest);
-            keys.push(KeyConfig {
-                name: key.name,
-                hash,
-                workspace: key.workspace,
-                environment: key_environment,
-                allowed_tools,
-                scopes,
-                filter,
-                policy,
-            });
+            keys.push(key);
         }
+
+        let approvals = {
+            use crate::approvals::{Keyring, token};
+            let verifiers = file
+                .approvals
+                .verify_keys
+                .iter()
+                .map(|k| {
+                    token::parse_verifying_key(&k.public_key)
+                        .map(|key| (k.id.clone(), key))
+                        .map_err(|e| invalid(format!("[approvals] verify key {:?}: {e}", k.id)))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let keyring = match &file.approvals.signing_key {
+                None if verifiers.is_empty() => Keyring::ephemeral(),
+                None => {
+                    return Err(invalid(
+                        "[approvals] verify_keys need a signing_key beside them".into(),
+                    ));
+                }
+                Some(signer) => {
+                    let path = resolve(&signer.file);
+                    let text = std::fs::read_to_string(&path).map_err(|e| {
+                        invalid(format!("[approvals] signing key {}: {e}", path.display()))
+                    })?;
+                    let key = token::parse_signing_key(&text).map_err(|e| {
+                        invalid(format!("[approvals] signing key {}: {e}", path.display()))
+                    })?;
+                    Keyring::new(&signer.id, key, verifiers)
+                        .map_err(|e| invalid(format!("[approvals] {e}")))?
+                }
+            };
+            let public_url = file.approvals.public_url.clone();
+            if let Some(url) = &public_url
+                && !(url.starts_with("http://") || url.starts_with("https://"))
+            {
+                return Err(invalid(
+                    "[approvals] public_url must start with http:// or https://".into(),
+                ));
+            }
+            ApprovalsConfig {
+                keyring: Arc::new(keyring),
+                public_url,
+            }
+        };
 
         let ms = Duration::from_millis;
         #[cfg(feature = "test-util")]
@@ -641,6 +761,14 @@ impl Config {
             workspaces,
             keys,
             sandbox: file.sandbox.map(|s| s.listen),
+            approvals,
+            admin: file
+                .admin
+                .token_hash
+                .as_deref()
+                .map(KeyHash::parse)
+                .transpose()
+                .map_err(|e| invalid(format!("[admin] token_hash: {e}")))?,
             store: StoreConfig {
                 backend,
                 lease: match file.store.lease_ms.map(ms) {

@@ -43,6 +43,9 @@ pub enum ObolError {
     Frozen,
     #[error("the key lacks the {0:?} scope")]
     ScopeDenied(&'static str),
+    /// A resume's approval headers or token are not a genuine approval for this key.
+    #[error("approval refused: {0}")]
+    ApprovalInvalid(&'static str),
 
     // --- JSON-RPC. --------------------------------------------------------------------------
     #[error("parse error: {0}")]
@@ -86,6 +89,17 @@ pub enum ObolError {
     StoreUnavailable,
     #[error("every connector slot is busy; retry shortly")]
     Overloaded,
+
+    // --- Approvals. -------------------------------------------------------------------------
+    /// The one deliberate exception to existence hiding: the agent shows it to a human.
+    #[error("this call needs a human's approval; nothing was sent")]
+    ApprovalRequired(Box<crate::approvals::ApprovalNotice>),
+    #[error("the approval expired; nothing was sent")]
+    ApprovalExpired,
+    #[error("the workspace owner denied this call; nothing was sent")]
+    ApprovalDenied,
+    #[error("the approval was given for another call: {0}")]
+    ApprovalMismatch(&'static str),
     #[error("internal error")]
     Internal,
     /// The stored error of a finished call, answered again verbatim to a same-key replay.
@@ -137,6 +151,11 @@ impl ObolError {
             }
             Frozen => (-32013, StatusCode::FORBIDDEN, "frozen", false),
             ScopeDenied(_) => (-32014, StatusCode::FORBIDDEN, "scope_denied", false),
+            ApprovalInvalid(_) => (-32015, StatusCode::FORBIDDEN, "approval_invalid", false),
+            ApprovalRequired(_) => (-32003, StatusCode::OK, "approval_required", false),
+            ApprovalExpired => (-32016, StatusCode::OK, "approval_expired", false),
+            ApprovalDenied => (-32017, StatusCode::OK, "approval_denied", false),
+            ApprovalMismatch(_) => (-32018, StatusCode::OK, "approval_mismatch", false),
             InvalidIdempotencyKey(_) => (
                 -32011,
                 StatusCode::BAD_REQUEST,
@@ -196,14 +215,18 @@ impl ObolError {
             ObolError::Internal => "Internal error".to_owned(),
             other => other.to_string(),
         };
-        match wire.kind {
+        let mut rendered = match wire.kind {
             None => json!({ "code": wire.code, "message": message }),
             Some(kind) => json!({
                 "code": wire.code,
                 "message": message,
                 "data": { "type": kind, "message": message, "retryable": wire.retryable },
             }),
+        };
+        if let ObolError::ApprovalRequired(notice) = self {
+            rendered["data"]["approval"] = json!(notice);
         }
+        rendered
     }
 }
 
@@ -259,6 +282,16 @@ mod tests {
             ObolError::NotReady,
             ObolError::StoreUnavailable,
             ObolError::Overloaded,
+            ObolError::ApprovalInvalid("x"),
+            ObolError::ApprovalExpired,
+            ObolError::ApprovalDenied,
+            ObolError::ApprovalMismatch("x"),
+            ObolError::ApprovalRequired(Box::new(crate::approvals::ApprovalNotice {
+                approval_id: String::new(),
+                tool: String::new(),
+                expires_at: String::new(),
+                inbox_url: String::new(),
+            })),
         ];
         for error in samples {
             let wire = error.wire();

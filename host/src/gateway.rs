@@ -7,8 +7,9 @@ use std::sync::{Arc, RwLock};
 use tokio::net::TcpListener;
 use tokio::sync::broadcast;
 
+use crate::approvals::{self, ApprovalDesk};
 use crate::catalog::{Catalog, Loader};
-use crate::config::{Config, StoreBackend, StoreConfig, WorkspaceConfig};
+use crate::config::{Config, KeyConfig, StoreBackend, StoreConfig, WorkspaceConfig};
 use crate::error::ObolError;
 use crate::http;
 use crate::invoke::Services;
@@ -26,12 +27,20 @@ pub enum Event {
 }
 
 pub struct Gateway {
-    pub keys: KeyTable,
+    /// Config keys plus the admin API's live ones; swapped whole when the registry changes.
+    keys: RwLock<Arc<KeyTable>>,
     pub sessions: Sessions,
     pub services: Services,
+    pub approvals: ApprovalDesk,
     catalog: RwLock<Arc<Catalog>>,
     loader: Loader,
-    workspaces: Vec<WorkspaceConfig>,
+    /// The config's workspaces, with the registry's publications added.
+    workspaces: RwLock<Arc<Vec<WorkspaceConfig>>>,
+    /// What the config file says, before the registry adds to it.
+    config_keys: Vec<KeyConfig>,
+    config_workspaces: Vec<WorkspaceConfig>,
+    /// The sha256 of the admin token; `None` disables the admin API.
+    pub admin: Option<KeyHash>,
     allowed_origins: Vec<String>,
     events: broadcast::Sender<Event>,
     environment: Environment,
@@ -46,8 +55,9 @@ impl std::fmt::Debug for Gateway {
 
 impl Gateway {
     /// Builds the gateway: compiles every configured component (failing on any that does not
-    /// load, since the operator named it) and the first catalog snapshot.
-    pub fn new(config: &Config, store: Store) -> anyhow::Result<Gateway> {
+    /// load, since the operator named it) and the first catalog snapshot. `address` is where
+    /// it listens (the inbox's address unless `[approvals] public_url` says otherwise).
+    pub fn new(config: &Config, store: Store, address: SocketAddr) -> anyhow::Result<Gateway> {
         let runtime = Arc::new(Runtime::new(config.runtime.clone())?);
         let loader = Loader::new(
             Arc::clone(&runtime),
@@ -61,18 +71,38 @@ impl Gateway {
             tracing::warn!("{problem}");
         }
         let (events, _) = broadcast::channel(64);
+        let public_url = config
+            .approvals
+            .public_url
+            .clone()
+            .unwrap_or_else(|| format!("http://{address}"));
         Ok(Gateway {
-            keys: KeyTable::new(&config.keys),
+            keys: RwLock::new(Arc::new(KeyTable::new(&config.keys))),
             sessions: Sessions::default(),
             services: Services {
                 runtime,
                 outbound: Outbound::new(&config.outbound)?,
                 store,
                 lease: config.store.lease,
+                inbox_base: public_url.clone(),
+            },
+            approvals: ApprovalDesk {
+                keyring: Arc::clone(&config.approvals.keyring),
+                owners: approvals::inbox::Owners::new(
+                    config
+                        .workspaces
+                        .iter()
+                        .filter_map(|w| w.owner.map(|hash| (hash, w.id.clone()))),
+                ),
+                sessions: Default::default(),
+                public_url,
             },
             catalog: RwLock::new(Arc::new(catalog)),
             loader,
-            workspaces: config.workspaces.clone(),
+            workspaces: RwLock::new(Arc::new(config.workspaces.clone())),
+            config_keys: config.keys.clone(),
+            config_workspaces: config.workspaces.clone(),
+            admin: config.admin,
             allowed_origins: config.allowed_origins.clone(),
             events,
             environment: config.environment,
@@ -101,7 +131,7 @@ impl Gateway {
                 "the Authorization header must be \"Bearer <key>\"",
             ))?;
         let key = self
-            .keys
+            .keys()
             .authenticate(token)
             .ok_or(ObolError::Unauthenticated("unknown key"))?;
         if key.environment != self.environment {
@@ -119,6 +149,51 @@ impl Gateway {
         Ok(key)
     }
 
+    pub fn keys(&self) -> Arc<KeyTable> {
+        Arc::clone(&self.keys.read().expect("keys lock"))
+    }
+
+    /// The keys the config file defines (the admin API cannot revoke those).
+    pub fn config_keys(&self) -> &[KeyConfig] {
+        &self.config_keys
+    }
+
+    pub fn config_workspaces(&self) -> &[WorkspaceConfig] {
+        &self.config_workspaces
+    }
+
+    fn workspaces(&self) -> Arc<Vec<WorkspaceConfig>> {
+        Arc::clone(&self.workspaces.read().expect("workspaces lock"))
+    }
+
+    /// Reads the registry (keys and publications made through the admin API) and swaps in
+    /// what changed: the key table always, the catalog when a publication was added (sessions
+    /// then hear `tools/list_changed`, since what a key sees may have changed).
+    pub async fn refresh_registry(&self) -> Result<(), crate::store::StoreError> {
+        let records = crate::admin::Records::read(&self.services.store).await?;
+        let mut keys = self.config_keys.clone();
+        keys.extend(records.live_keys(&self.config_workspaces));
+        *self.keys.write().expect("keys lock") = Arc::new(KeyTable::new(&keys));
+
+        let mut workspaces = self.config_workspaces.clone();
+        for workspace in &mut workspaces {
+            workspace
+                .publications
+                .extend(records.publications(&workspace.id));
+        }
+        let count = |w: &[WorkspaceConfig]| w.iter().map(|w| w.publications.len()).sum::<usize>();
+        if count(&workspaces) != count(&self.workspaces()) {
+            let workspaces = Arc::new(workspaces);
+            *self.workspaces.write().expect("workspaces lock") = Arc::clone(&workspaces);
+            let connectors = self.catalog().connectors.values().cloned().collect();
+            let next = Catalog::build(connectors, &workspaces);
+            *self.catalog.write().expect("catalog lock") = Arc::new(next);
+            tracing::info!("policy publications changed; notifying sessions");
+            let _ = self.events.send(Event::CatalogChanged);
+        }
+        Ok(())
+    }
+
     /// The current snapshot; a call keeps the one it started with.
     pub fn catalog(&self) -> Arc<Catalog> {
         Arc::clone(&self.catalog.read().expect("catalog lock"))
@@ -128,7 +203,7 @@ impl Gateway {
     /// Returns whether it changed.
     pub fn reload(&self) -> bool {
         let (connectors, problems) = self.loader.load_all();
-        let next = Catalog::build(connectors, &self.workspaces);
+        let next = Catalog::build(connectors, &self.workspaces());
         for problem in problems.iter().chain(&next.problems) {
             tracing::warn!("reload: {problem}");
         }
@@ -200,8 +275,9 @@ pub async fn open_store(config: &StoreConfig) -> anyhow::Result<Store> {
 /// Runs the gateway on `listener` until the process is stopped.
 pub async fn serve(config: Config, listener: TcpListener) -> anyhow::Result<()> {
     let store = open_store(&config.store).await?;
+    let address: SocketAddr = listener.local_addr()?;
     let gateway = Arc::new(tokio::task::block_in_place(|| {
-        Gateway::new(&config, store)
+        Gateway::new(&config, store, address)
     })?);
     if let Some(interval) = config.reload_interval {
         let watcher = Arc::clone(&gateway);
@@ -215,8 +291,25 @@ pub async fn serve(config: Config, listener: TcpListener) -> anyhow::Result<()> 
             }
         });
     }
-    let app = mcp::router(Arc::clone(&gateway)).merge(http::router(Arc::clone(&gateway)));
-    let address: SocketAddr = listener.local_addr()?;
+    // Keys and publications made through the admin API, before the first request. With a
+    // shared store, other gateways' changes arrive by polling.
+    gateway.refresh_registry().await?;
+    if matches!(gateway.services.store, Store::Redis(_)) {
+        let poller = Arc::clone(&gateway);
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(crate::admin::REGISTRY_POLL);
+            loop {
+                ticks.tick().await;
+                if let Err(error) = poller.refresh_registry().await {
+                    tracing::warn!("could not read the key and policy registry: {error}");
+                }
+            }
+        });
+    }
+    let app = mcp::router(Arc::clone(&gateway))
+        .merge(crate::admin::router(Arc::clone(&gateway)))
+        .merge(http::router(Arc::clone(&gateway)))
+        .merge(approvals::inbox::router(Arc::clone(&gateway)));
     let catalog = gateway.catalog();
     tracing::info!(
         %address,

@@ -4,6 +4,7 @@
 //!
 //! - [`mcp`]: the `/mcp` Streamable HTTP transport, sessions, JSON-RPC dispatch.
 //! - [`policy`]: virtual keys and what each may list and call.
+//! - [`approvals`]: tickets, the owner's inbox and signed tokens for held destructive calls.
 //! - [`catalog`]: connectors, their validated manifests, `connector.tool` names, snapshots.
 //! - [`idempotency`]: idempotency keys and canonical request hashes.
 //! - [`invoke`]: the invocation lifecycle, one function read top to bottom.
@@ -13,8 +14,11 @@
 //! - [`error`]: the one error enum and its rendering to JSON-RPC codes and HTTP statuses.
 //!
 //! Around them: [`config`] (the operator's file), [`gateway`] (shared state, hot reload, the
-//! server), [`http`] (the REST routes: receipts) and [`sandbox`] (a local stand-in vendor for trying Obol offline).
+//! server), [`admin`] (keys and publications managed at runtime), [`http`] (the REST routes:
+//! receipts, approvals) and [`sandbox`] (a local stand-in vendor for trying Obol offline).
 
+pub mod admin;
+pub mod approvals;
 pub mod catalog;
 pub mod config;
 pub mod error;

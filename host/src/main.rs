@@ -1,4 +1,5 @@
-//! The `obol` command: `serve`, `check`, `receipts`, `keys hash`.
+//! The `obol` command: `serve`, `check`, `receipts`, `keys hash|create|list|revoke`,
+//! `policies publish|list`, `approvals keygen`.
 
 use std::io::Read;
 use std::net::SocketAddr;
@@ -58,12 +59,132 @@ enum Command {
         #[command(subcommand)]
         command: KeysCommand,
     },
+    /// Cedar policy publications.
+    Policies {
+        #[command(subcommand)]
+        command: PoliciesCommand,
+    },
+    /// Approval token keys.
+    Approvals {
+        #[command(subcommand)]
+        command: ApprovalsCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum ApprovalsCommand {
+    /// Write a new ed25519 signing key to FILE (mode 0600) and print its public key, for
+    /// `[approvals] signing_key` and, after a rotation, `verify_keys`.
+    Keygen { file: PathBuf },
 }
 
 #[derive(Subcommand)]
 enum KeysCommand {
     /// Print the `sha256:…` form of a key's token for the config (reads stdin without TOKEN).
     Hash { token: Option<String> },
+    /// Create a key on a running gateway; prints its token (shown once).
+    Create {
+        #[command(flatten)]
+        admin: AdminArgs,
+        #[arg(long)]
+        name: String,
+        #[arg(long)]
+        workspace: String,
+        #[arg(long, default_value = "dev")]
+        environment: String,
+        /// An `allowed_tools` glob (repeat for more).
+        #[arg(long = "allow", required = true)]
+        allowed_tools: Vec<String>,
+        /// A scope: mcp, receipts, approvals, route (repeat for more; default mcp).
+        #[arg(long = "scope")]
+        scopes: Vec<String>,
+        /// A CEL filter over `tool` and `key`.
+        #[arg(long)]
+        filter: Option<String>,
+        /// The policy publication to pin: `latest` (default) or a number.
+        #[arg(long)]
+        policy: Option<String>,
+    },
+    /// List every key of a running gateway (never hashes or tokens).
+    List {
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Revoke a key created through the admin API; it stops working at once.
+    Revoke {
+        #[command(flatten)]
+        admin: AdminArgs,
+        name: String,
+    },
+}
+
+#[derive(clap::Args)]
+struct AdminArgs {
+    /// The gateway's base URL.
+    #[arg(long, default_value = "http://127.0.0.1:8780")]
+    url: String,
+    /// The admin token (or set OBOL_ADMIN_TOKEN).
+    #[arg(long, env = "OBOL_ADMIN_TOKEN", hide_env_values = true)]
+    admin_token: String,
+}
+
+#[derive(Subcommand)]
+enum PoliciesCommand {
+    /// Publish a Cedar file as the workspace's next publication, without a restart.
+    Publish {
+        #[command(flatten)]
+        admin: AdminArgs,
+        #[arg(long)]
+        workspace: String,
+        file: PathBuf,
+    },
+    /// List a workspace's publications.
+    List {
+        #[command(flatten)]
+        admin: AdminArgs,
+        #[arg(long)]
+        workspace: String,
+    },
+}
+
+enum Body {
+    None,
+    Json(serde_json::Value),
+    Text(String),
+}
+
+/// One admin API request; prints the JSON answer, exits 1 unless it succeeded.
+fn admin_call(
+    admin: &AdminArgs,
+    method: reqwest::Method,
+    path: &str,
+    body: Body,
+) -> anyhow::Result<ExitCode> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let (status, answer) = runtime.block_on(async {
+        let mut request = reqwest::Client::new()
+            .request(method, format!("{}{path}", admin.url.trim_end_matches('/')))
+            .bearer_auth(&admin.admin_token);
+        request = match body {
+            Body::None => request,
+            Body::Json(value) => request
+                .header("content-type", "application/json")
+                .body(value.to_string()),
+            Body::Text(text) => request.header("content-type", "text/plain").body(text),
+        };
+        let response = request.send().await?;
+        let status = response.status();
+        let answer: serde_json::Value = response.json().await?;
+        anyhow::Ok((status, answer))
+    })?;
+    println!("{}", serde_json::to_string_pretty(&answer)?);
+    Ok(if status.is_success() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
 
 fn main() -> ExitCode {
@@ -169,6 +290,94 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
                 ExitCode::from(1)
             })
         }
+        Command::Approvals {
+            command: ApprovalsCommand::Keygen { file },
+        } => {
+            use std::io::Write;
+            let key = obol::approvals::token::generate_signing_key();
+            let mut options = std::fs::OpenOptions::new();
+            options.write(true).create_new(true);
+            #[cfg(unix)]
+            std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+            let mut out = options
+                .open(&file)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+            writeln!(out, "{}", hex::encode(key.to_bytes()))?;
+            println!(
+                "public_key = \"{}\"",
+                hex::encode(key.verifying_key().to_bytes())
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Keys {
+            command:
+                KeysCommand::Create {
+                    admin,
+                    name,
+                    workspace,
+                    environment,
+                    allowed_tools,
+                    scopes,
+                    filter,
+                    policy,
+                },
+        } => {
+            let mut spec = serde_json::json!({
+                "name": name, "workspace": workspace, "environment": environment,
+                "allowed_tools": allowed_tools,
+            });
+            if !scopes.is_empty() {
+                spec["scopes"] = serde_json::json!(scopes);
+            }
+            if let Some(filter) = filter {
+                spec["filter"] = filter.into();
+            }
+            if let Some(policy) = policy {
+                spec["policy"] = policy.into();
+            }
+            admin_call(
+                &admin,
+                reqwest::Method::POST,
+                "/v1/admin/keys",
+                Body::Json(spec),
+            )
+        }
+        Command::Keys {
+            command: KeysCommand::List { admin },
+        } => admin_call(&admin, reqwest::Method::GET, "/v1/admin/keys", Body::None),
+        Command::Keys {
+            command: KeysCommand::Revoke { admin, name },
+        } => admin_call(
+            &admin,
+            reqwest::Method::DELETE,
+            &format!("/v1/admin/keys/{name}"),
+            Body::None,
+        ),
+        Command::Policies {
+            command:
+                PoliciesCommand::Publish {
+                    admin,
+                    workspace,
+                    file,
+                },
+        } => {
+            let text = std::fs::read_to_string(&file)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+            admin_call(
+                &admin,
+                reqwest::Method::POST,
+                &format!("/v1/admin/workspaces/{workspace}/publications"),
+                Body::Text(text),
+            )
+        }
+        Command::Policies {
+            command: PoliciesCommand::List { admin, workspace },
+        } => admin_call(
+            &admin,
+            reqwest::Method::GET,
+            &format!("/v1/admin/workspaces/{workspace}/publications"),
+            Body::None,
+        ),
         Command::Keys {
             command: KeysCommand::Hash { token },
         } => {

@@ -32,7 +32,7 @@ impl McpClient {
             .unwrap()
     }
 
-    async fn connect_with_headers(
+    pub async fn connect_with_headers(
         url: &str,
         token: &str,
         headers: &[(&str, &str)],

@@ -56,6 +56,8 @@ pub struct GatewayConfig {
     pub connection_environment: Option<String>,
     /// Cedar publications of workspace `acme`: (number, policy text).
     pub publications: Vec<(u32, String)>,
+    /// The token of `acme`'s owner, who approves held calls in the inbox.
+    pub owner: Option<String>,
 }
 
 impl GatewayConfig {
@@ -82,6 +84,7 @@ impl GatewayConfig {
             frozen: Vec::new(),
             connection_environment: None,
             publications: Vec::new(),
+            owner: None,
         }
     }
 
@@ -126,6 +129,9 @@ impl GatewayConfig {
             self.frozen.iter().any(|w| w == "acme")
         )
         .unwrap();
+        if let Some(owner) = &self.owner {
+            writeln!(toml, "owner = \"{}\"", key_hash(owner)).unwrap();
+        }
         for (id, connector, secret) in [
             ("stripe-main", "stripe", true),
             ("tracker-main", "tracker", false),

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod browser;
 pub mod client;
 pub mod gateway;
 pub mod redis;

@@ -1,8 +1,12 @@
-//! REST routes beside `/mcp`: receipts for the workspace that owns them.
+//! REST routes beside `/mcp`: receipts for the workspace that owns them, and approvals for
+//! the key that asked for them.
 //!
 //! `GET /v1/receipts?limit=N` (newest first) and `GET /v1/receipts/{id}`, authenticated with
-//! a key of the workspace (`Authorization: Bearer <key>`). A receipt of another workspace
-//! answers exactly like one that does not exist.
+//! a key of the workspace (`Authorization: Bearer <key>`, scope `receipts`). A receipt of
+//! another workspace answers exactly like one that does not exist.
+//!
+//! `GET /v1/approvals/{id}` (scope `approvals`): the state of a held call, and once the owner
+//! decided, the signed token to resume it with. Only the key whose call was held sees it.
 
 use std::sync::Arc;
 
@@ -13,14 +17,19 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde_json::json;
 
+use crate::approvals::{
+    APPROVAL_ID_HEADER, APPROVAL_TOKEN_HEADER, ApprovalId, Decision, TicketStatus, rfc3339,
+};
 use crate::error::ObolError;
 use crate::gateway::Gateway;
 use crate::policy::{Scope, VirtualKey};
+use crate::store::now_ms;
 
 pub fn router(gateway: Arc<Gateway>) -> Router {
     Router::new()
         .route("/v1/receipts", get(list))
         .route("/v1/receipts/{id}", get(show))
+        .route("/v1/approvals/{id}", get(approval))
         .with_state(gateway)
 }
 
@@ -29,16 +38,21 @@ struct ListQuery {
     limit: Option<usize>,
 }
 
-fn error(status: StatusCode, kind: &str, message: &str) -> Response {
+/// A REST error: `{"error": {type, message, retryable}}` with the status.
+pub(crate) fn error(status: StatusCode, kind: &str, message: &str) -> Response {
     let body = json!({ "error": { "type": kind, "message": message, "retryable": status.is_server_error() } });
     (status, axum::Json(body)).into_response()
 }
 
-/// The same admission as `/mcp` (one rule, one place), with the receipts scope.
-fn authenticate(gateway: &Gateway, headers: &HeaderMap) -> Result<Arc<VirtualKey>, Box<Response>> {
+/// The same admission as `/mcp` (one rule, one place), with the endpoint's scope.
+fn authenticate(
+    gateway: &Gateway,
+    headers: &HeaderMap,
+    scope: Scope,
+) -> Result<Arc<VirtualKey>, Box<Response>> {
     crate::mcp::single_header(headers, header::AUTHORIZATION.as_str())
         .map_err(|_| ObolError::Unauthenticated("the Authorization header is malformed"))
-        .and_then(|authorization| gateway.admit(authorization, Scope::Receipts))
+        .and_then(|authorization| gateway.admit(authorization, scope))
         .map_err(|refused| {
             let wire = refused.wire();
             Box::new(error(
@@ -54,7 +68,7 @@ async fn list(
     headers: HeaderMap,
     Query(query): Query<ListQuery>,
 ) -> Response {
-    let key = match authenticate(&gateway, &headers) {
+    let key = match authenticate(&gateway, &headers, Scope::Receipts) {
         Ok(key) => key,
         Err(response) => return *response,
     };
@@ -74,7 +88,7 @@ async fn show(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Response {
-    let key = match authenticate(&gateway, &headers) {
+    let key = match authenticate(&gateway, &headers, Scope::Receipts) {
         Ok(key) => key,
         Err(response) => return *response,
     };
@@ -87,4 +101,56 @@ async fn show(
             "the state store is unavailable",
         ),
     }
+}
+
+async fn approval(
+    State(gateway): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    let key = match authenticate(&gateway, &headers, Scope::Approvals) {
+        Ok(key) => key,
+        Err(response) => return *response,
+    };
+    let not_found = || error(StatusCode::NOT_FOUND, "not_found", "no such approval");
+    let Some(id) = ApprovalId::parse(&id) else {
+        return not_found();
+    };
+    let ticket = match gateway.services.store.ticket(&id).await {
+        // Another key's ticket answers exactly like a missing one.
+        Ok(Some(ticket))
+            if ticket.workspace == key.workspace && ticket.key_hash == key.hash.to_string() =>
+        {
+            ticket
+        }
+        Ok(_) => return not_found(),
+        Err(_) => {
+            return error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store_unavailable",
+                "the state store is unavailable",
+            );
+        }
+    };
+    let keyring = &gateway.approvals.keyring;
+    let (status, token) = match ticket.status {
+        _ if ticket.expired(now_ms()) => ("expired", None),
+        TicketStatus::Pending => ("pending", None),
+        TicketStatus::Approved { .. } => {
+            ("approved", Some(keyring.sign(&ticket, Decision::Approved)))
+        }
+        TicketStatus::Denied { .. } => ("denied", Some(keyring.sign(&ticket, Decision::Denied))),
+    };
+    axum::Json(json!({
+        "approval_id": ticket.id,
+        "tool": ticket.tool,
+        "status": status,
+        "expires_at": rfc3339(ticket.expires_at_ms),
+        "idempotency_key": ticket.idempotency_key,
+        "token": token,
+        "resume": {
+            "headers": [APPROVAL_ID_HEADER, APPROVAL_TOKEN_HEADER],
+        },
+    }))
+    .into_response()
 }

@@ -2,6 +2,8 @@
 //!
 //! ```text
 //! route ─▶ authorize ─▶ check arguments ─▶ prepare (guest) ─▶ check + complete the request
+//!   ─▶ [approval required: claim AwaitingApproval + ticket ─▶ -32003; approved resume:
+//!       AwaitingApproval ─▶ Reserved{1}, in place of the claim below]
 //!   ─▶ claim (idempotency; attempt 1 reserved in the same write) ─▶ send one attempt
 //!   ─▶ [reserve + send one immediate retry, only when the rules allow] ─▶ classify (EffectSpec)
 //!   ─▶ interpret (guest) ─▶ check output ─▶ finalize (claim + receipt + audit, one write) ─▶ respond
@@ -18,11 +20,14 @@ use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 
+use crate::approvals::{
+    self, ApprovalGrant, ApprovalId, ApprovalNotice, Decision, Ticket, TicketStatus,
+};
 use crate::catalog::{Catalog, Route, StatusClass, ToolName};
 use crate::error::ObolError;
 use crate::idempotency::{IdempotencyKey, RequestHash};
 use crate::outbound::{AttemptOutcome, Outbound, Prepared, VendorReply};
-use crate::policy::{Verdict, VirtualKey};
+use crate::policy::{ApprovalRule, Verdict, VirtualKey};
 use crate::runtime::{GuestFailure, Runtime, wit};
 use crate::store::{
     Claim, ClaimKey, ClaimRecord, ClaimState, ConnectionSegment, OutcomeClass, Pin, Store,
@@ -37,6 +42,8 @@ pub struct Services {
     pub store: Store,
     /// How long a claim may stay in flight before it is presumed dead.
     pub lease: Duration,
+    /// Where the owner's inbox is (`inbox_url` in -32003).
+    pub inbox_base: String,
 }
 
 /// A `tools/call` as the client sent it.
@@ -46,6 +53,8 @@ pub struct CallRequest {
     pub arguments: Map<String, Value>,
     /// The client's `Idempotency-Key`, already parsed; `None` means mint one.
     pub idempotency_key: Option<IdempotencyKey>,
+    /// A verified approval token: this call resumes a held one.
+    pub approval: Option<ApprovalGrant>,
 }
 
 /// The idempotency identity of a call that reached its claim; returned on every answer after
@@ -95,6 +104,12 @@ struct Call {
     claim_key: ClaimKey,
     pin: Pin,
     key_supplied: bool,
+    /// Who is calling, for the approval ticket.
+    key_name: String,
+    key_hash: String,
+    /// The redacted arguments, for the approval ticket (empty unless approval is required).
+    summary: Vec<String>,
+    approval: Option<ApprovalGrant>,
 }
 
 /// Route, authorize, check arguments, and let the guest build the request. Pure: nothing is
@@ -117,8 +132,31 @@ async fn prepare_call(
         return Err(ObolError::InvalidArguments(violations.join("; ")));
     }
 
+    // A token approves one call: its tool, under the key it was held with. A different key
+    // is denied rather than reconciled (spec/idempotency.md, "Approval binds the key").
+    if let Some(grant) = &request.approval {
+        if grant.tool != route.name.as_str() {
+            return Err(ObolError::ApprovalMismatch(
+                "the token approves another tool",
+            ));
+        }
+        if let Some(supplied) = &request.idempotency_key
+            && *supplied != grant.idempotency_key
+        {
+            return Err(ObolError::ApprovalMismatch(
+                "the Idempotency-Key differs from the approved call's",
+            ));
+        }
+    }
     let key_supplied = request.idempotency_key.is_some();
-    let idempotency_key = request.idempotency_key.unwrap_or_else(IdempotencyKey::mint);
+    let idempotency_key = request
+        .idempotency_key
+        .or_else(|| request.approval.as_ref().map(|g| g.idempotency_key.clone()))
+        .unwrap_or_else(IdempotencyKey::mint);
+    let summary = match verdict.approval {
+        ApprovalRule::Required => approvals::summarize(&arguments),
+        ApprovalRule::NotRequired | ApprovalRule::Waived => Vec::new(),
+    };
 
     // Prepare: the guest turns the call into a request template.
     let facts = wit::ConnectionFacts {
@@ -174,6 +212,12 @@ async fn prepare_call(
             route.name.upstream()
         ),
     );
+    // An approval for one destination or one set of arguments cannot be spent on another.
+    if let Some(grant) = &request.approval
+        && (grant.request_hash != pin.request_hash || grant.destination != pin.fingerprint)
+    {
+        return Err(ObolError::IdempotencyConflict);
+    }
     let claim_key = ClaimKey {
         workspace: key.workspace.clone(),
         connection: ConnectionSegment::Resolved(route.connection.id.clone()),
@@ -187,22 +231,43 @@ async fn prepare_call(
         claim_key,
         pin,
         key_supplied,
+        key_name: key.name.clone(),
+        key_hash: key.hash.to_string(),
+        summary,
+        approval: request.approval,
     })
 }
 
-/// Claims the idempotency slot, then sends, classifies, renders and finalizes.
+/// Claims the idempotency slot, then sends, classifies, renders and finalizes. A call that
+/// needs approval claims its slot held instead; an approved resume takes that held slot.
 async fn dispatch(services: &Services, call: Call) -> Answer {
     let store = &services.store;
+    if let Some(grant) = &call.approval {
+        return resume_approved(services, &call, grant).await;
+    }
+    let now = now_ms();
+    let state = match call.verdict.approval {
+        ApprovalRule::Required => ClaimState::AwaitingApproval {
+            approval_id: ApprovalId::mint(),
+            expires_at_ms: now + approvals::TICKET_TTL.as_millis() as u64,
+        },
+        // The first attempt is reserved in the same write that claims the slot.
+        ApprovalRule::NotRequired | ApprovalRule::Waived => ClaimState::Reserved { attempt: 1 },
+    };
+    let (attempts, lease_until_ms) = match &state {
+        // Nothing is reserved while held; the slot is kept as long as the ticket lives.
+        ClaimState::AwaitingApproval { expires_at_ms, .. } => (0, *expires_at_ms),
+        _ => (1, now + services.lease.as_millis() as u64),
+    };
     let fresh = ClaimRecord {
         version: 1,
         pin: call.pin.clone(),
-        // The first attempt is reserved in the same write that claims the slot.
-        state: ClaimState::Reserved { attempt: 1 },
-        attempts: 1,
-        lease_until_ms: now_ms() + services.lease.as_millis() as u64,
+        state,
+        attempts,
+        lease_until_ms,
         receipt_id: receipt::new_id(),
         key_supplied: call.key_supplied,
-        created_at_ms: now_ms(),
+        created_at_ms: now,
     };
     let identity = |record: &ClaimRecord| ClaimIdentity {
         key: call.claim_key.key.clone(),
@@ -213,6 +278,13 @@ async fn dispatch(services: &Services, call: Call) -> Answer {
         Err(error) => {
             tracing::warn!("claim failed, nothing sent: {error}");
             return Answer::unclaimed(ObolError::StoreUnavailable);
+        }
+        Ok(Claim::Acquired) if matches!(fresh.state, ClaimState::AwaitingApproval { .. }) => {
+            let claim = Some(identity(&fresh));
+            return Answer {
+                result: Err(awaiting(services, &call, fresh).await),
+                claim,
+            };
         }
         Ok(Claim::Acquired) => fresh,
         Ok(Claim::Existing(existing)) => {
@@ -273,6 +345,209 @@ async fn resume(services: &Services, call: &Call, existing: ClaimRecord) -> Resu
         ClaimState::Claimed | ClaimState::Reserved { .. } => {
             Resume::Answer(Err(ObolError::NotReady))
         }
+        // Held: only a token moves it on, whatever policy says now.
+        ClaimState::AwaitingApproval { .. } => {
+            Resume::Answer(Err(awaiting(services, call, existing).await))
+        }
+    }
+}
+
+/// The answer for a call whose slot is held for approval: the ticket again (written again if
+/// it was lost), or the end of the hold when the owner denied it or it expired.
+async fn awaiting(services: &Services, call: &Call, record: ClaimRecord) -> ObolError {
+    let ClaimState::AwaitingApproval {
+        approval_id,
+        expires_at_ms,
+    } = &record.state
+    else {
+        return ObolError::Internal;
+    };
+    let stored = match services.store.ticket(approval_id).await {
+        Ok(stored) => stored,
+        Err(_) => return ObolError::StoreUnavailable,
+    };
+    let ticket = match stored {
+        Some(ticket) => ticket,
+        None => {
+            let ticket = ticket_for(call, &record, approval_id.clone(), *expires_at_ms);
+            if services.store.put_ticket(&ticket).await.is_err() {
+                return ObolError::StoreUnavailable;
+            }
+            ticket
+        }
+    };
+    let error = match ticket.status {
+        _ if ticket.expired(now_ms()) => ObolError::ApprovalExpired,
+        TicketStatus::Denied { .. } => ObolError::ApprovalDenied,
+        TicketStatus::Pending | TicketStatus::Approved { .. } => {
+            return ObolError::ApprovalRequired(Box::new(ApprovalNotice::of(
+                &ticket,
+                &services.inbox_base,
+            )));
+        }
+    };
+    settle_held(&services.store, &ticket, error).await
+}
+
+/// The ticket for a call held under `record`.
+fn ticket_for(call: &Call, record: &ClaimRecord, id: ApprovalId, expires_at_ms: u64) -> Ticket {
+    Ticket {
+        id,
+        workspace: call.claim_key.workspace.clone(),
+        key_name: call.key_name.clone(),
+        key_hash: call.key_hash.clone(),
+        tool: call.claim_key.tool.clone(),
+        connection: call.route.connection.id.clone(),
+        idempotency_key: call.claim_key.key.to_string(),
+        request_hash: record.pin.request_hash.clone(),
+        destination: record.pin.fingerprint.clone(),
+        summary: call.summary.clone(),
+        policy_publication: call.verdict.publication,
+        policies: call.verdict.policies.clone(),
+        created_at_ms: record.created_at_ms,
+        expires_at_ms,
+        status: TicketStatus::Pending,
+    }
+}
+
+/// Ends a hold that will never dispatch (denied or expired): the slot is finalized as
+/// rejected with a receipt, and `error` is what this and every later call under the key
+/// answer. Nothing was sent, so the outcome is certain. Returns the error to answer.
+pub async fn settle_held(store: &Store, ticket: &Ticket, error: ObolError) -> ObolError {
+    let Ok(key) = IdempotencyKey::parse(&ticket.idempotency_key) else {
+        return ObolError::Internal;
+    };
+    let claim_key = ClaimKey {
+        workspace: ticket.workspace.clone(),
+        connection: ConnectionSegment::Resolved(ticket.connection.clone()),
+        tool: ticket.tool.clone(),
+        key,
+    };
+    let record = match store.get(&claim_key).await {
+        Ok(Some(record)) => record,
+        Ok(None) => return ObolError::NotReady,
+        Err(_) => return ObolError::StoreUnavailable,
+    };
+    match &record.state {
+        ClaimState::AwaitingApproval { approval_id, .. } if *approval_id == ticket.id => {}
+        // Already settled (by the inbox, or a concurrent call): answer what was recorded.
+        ClaimState::Finalized { outcome } => {
+            return match &outcome.response {
+                Err(stored) => ObolError::Replayed(stored.clone()),
+                Ok(_) => ObolError::IdempotencyConflict,
+            };
+        }
+        _ => return ObolError::NotReady,
+    }
+    let mut next = record.clone();
+    next.version += 1;
+    next.state = ClaimState::Finalized {
+        outcome: StoredOutcome {
+            class: OutcomeClass::DefinitelyRejected,
+            vendor_status: None,
+            response: Err(error.to_jsonrpc_error()),
+        },
+    };
+    let note = match error {
+        ObolError::ApprovalDenied => "the workspace owner denied the call; nothing was sent",
+        _ => "the approval expired before the call resumed; nothing was sent",
+    };
+    let receipt = receipt::held(ticket, &next, note);
+    match store.finalize(&claim_key, &record, &next, &receipt).await {
+        Ok(true) => error,
+        Ok(false) => ObolError::NotReady,
+        Err(_) => ObolError::StoreUnavailable,
+    }
+}
+
+/// An approved (or denied) resume: the held slot is the only one it may use. It never
+/// creates a claim, so a token whose call was never held cannot start an execution.
+async fn resume_approved(services: &Services, call: &Call, grant: &ApprovalGrant) -> Answer {
+    let identity = |record: &ClaimRecord| ClaimIdentity {
+        key: call.claim_key.key.clone(),
+        receipt_id: Some(record.receipt_id.clone()),
+    };
+    let existing = match services.store.get(&call.claim_key).await {
+        Err(_) => return Answer::unclaimed(ObolError::StoreUnavailable),
+        Ok(None) => {
+            return Answer {
+                result: Err(ObolError::NotReady),
+                claim: Some(ClaimIdentity {
+                    key: call.claim_key.key.clone(),
+                    receipt_id: None,
+                }),
+            };
+        }
+        Ok(Some(existing)) => existing,
+    };
+    let claim = Some(identity(&existing));
+    if existing.pin != call.pin {
+        return Answer {
+            result: Err(ObolError::IdempotencyConflict),
+            claim,
+        };
+    }
+    let held_here = matches!(
+        &existing.state,
+        ClaimState::AwaitingApproval { approval_id, .. } if *approval_id == grant.approval_id
+    );
+    if let ClaimState::AwaitingApproval { .. } = &existing.state
+        && !held_here
+    {
+        return Answer {
+            result: Err(ObolError::ApprovalMismatch(
+                "another approval holds this call",
+            )),
+            claim,
+        };
+    }
+    if !held_here {
+        // Already resumed (by a concurrent or earlier resume) or settled: the ordinary rules
+        // answer, so a repeated resume replays instead of dispatching again.
+        return match resume(services, call, existing).await {
+            Resume::Answer(result) => Answer { result, claim },
+            Resume::Dispatch(record) => Answer {
+                result: attempt(services, call, record).await,
+                claim,
+            },
+        };
+    }
+    if grant.decision == Decision::Denied {
+        let ticket = ticket_for(
+            call,
+            &existing,
+            grant.approval_id.clone(),
+            grant.expires_at_ms,
+        );
+        return Answer {
+            result: Err(settle_held(&services.store, &ticket, ObolError::ApprovalDenied).await),
+            claim,
+        };
+    }
+    // Compare-and-set from the held state: of concurrent resumes, exactly one reserves the
+    // attempt; the others answer `not_ready`, then replay once it is final.
+    let mut next = existing.clone();
+    next.version += 1;
+    next.attempts = 1;
+    next.state = ClaimState::Reserved { attempt: 1 };
+    next.lease_until_ms = now_ms() + services.lease.as_millis() as u64;
+    match services
+        .store
+        .transition(&call.claim_key, &existing, &next)
+        .await
+    {
+        Ok(true) => Answer {
+            result: attempt(services, call, next).await,
+            claim,
+        },
+        Ok(false) => Answer {
+            result: Err(ObolError::NotReady),
+            claim,
+        },
+        Err(_) => Answer {
+            result: Err(ObolError::StoreUnavailable),
+            claim,
+        },
     }
 }
 

@@ -1,6 +1,7 @@
 //! Receipts: what one invocation did, written in the same acknowledged write as its outcome.
 
 use super::Call;
+use crate::approvals::Ticket;
 use crate::catalog::RouteKind;
 use crate::store::{
     ClaimRecord, EvidenceClass, KeySource, OutcomeClass, Receipt, Verification, now_ms,
@@ -49,6 +50,37 @@ pub fn build(
         note: note.map(str::to_owned),
         policy_publication: call.verdict.publication,
         matched_policies: call.verdict.policies.clone(),
+        approval_id: call.approval.as_ref().map(|g| g.approval_id.to_string()),
+        created_at_ms: record.created_at_ms,
+        finalized_at_ms: now_ms(),
+    }
+}
+
+/// The receipt of a held call that ended without being sent (denied or expired).
+pub fn held(ticket: &Ticket, record: &ClaimRecord, note: &str) -> Receipt {
+    Receipt {
+        id: record.receipt_id.clone(),
+        workspace: ticket.workspace.clone(),
+        idempotency_key: ticket.idempotency_key.clone(),
+        key_source: if record.key_supplied {
+            KeySource::Supplied
+        } else {
+            KeySource::Minted
+        },
+        tool: ticket.tool.clone(),
+        connection: ticket.connection.clone(),
+        request_hash: record.pin.request_hash.clone(),
+        fingerprint: record.pin.fingerprint.clone(),
+        attempt_count: 0,
+        outcome: OutcomeClass::DefinitelyRejected,
+        vendor_status: None,
+        // The gateway knows first-hand that nothing left it.
+        evidence: EvidenceClass::GatewayObserved,
+        verification: Verification::Verified,
+        note: Some(note.to_owned()),
+        policy_publication: ticket.policy_publication,
+        matched_policies: ticket.policies.clone(),
+        approval_id: Some(ticket.id.to_string()),
         created_at_ms: record.created_at_ms,
         finalized_at_ms: now_ms(),
     }

@@ -20,6 +20,7 @@ use axum::routing::any;
 use futures_util::StreamExt;
 use serde_json::{Map, Value, json};
 
+use crate::approvals::{self, ApprovalGrant, ApprovalId, TokenError};
 use crate::error::ObolError;
 use crate::gateway::{Event, Gateway};
 use crate::idempotency::IdempotencyKey;
@@ -73,6 +74,9 @@ fn admit(gateway: &Gateway, headers: &HeaderMap) -> Result<Arc<VirtualKey>, Obol
 
 async fn post(gateway: &Gateway, headers: &HeaderMap, body: Body) -> Result<Response, ObolError> {
     let key = admit(gateway, headers)?;
+    // A resume's token is verified before anything else runs; the lifecycle binds it to the
+    // held call.
+    let approval = approval_grant(gateway, headers, &key)?;
     if !accepts_event_stream(headers)? {
         return Err(ObolError::NotAcceptable("text/event-stream"));
     }
@@ -130,7 +134,8 @@ async fn post(gateway: &Gateway, headers: &HeaderMap, body: Body) -> Result<Resp
     match message {
         Message::Notification | Message::Reply => Ok(accepted(version)),
         Message::Request { id, method, params } => {
-            let (result, claim) = dispatch(gateway, &key, &method, params, idempotency_key).await;
+            let (result, claim) =
+                dispatch(gateway, &key, &method, params, idempotency_key, approval).await;
             let mut response = answer(StatusCode::OK, version, id, result, claim.as_ref());
             if let Some(claim) = claim {
                 response.headers_mut().insert(
@@ -149,12 +154,13 @@ async fn dispatch(
     method: &str,
     params: Map<String, Value>,
     idempotency_key: Option<IdempotencyKey>,
+    approval: Option<ApprovalGrant>,
 ) -> (Result<Outcome, ObolError>, Option<ClaimIdentity>) {
     match method {
         "ping" => (Ok(Outcome::Value(json!({}))), None),
         "tools/list" => (Ok(Outcome::Raw(gateway.list_tools(key))), None),
         "tools/call" => {
-            let request = match call_request(params, idempotency_key) {
+            let request = match call_request(params, idempotency_key, approval) {
                 Ok(request) => request,
                 Err(error) => return (Err(error), None),
             };
@@ -169,6 +175,7 @@ async fn dispatch(
 fn call_request(
     mut params: Map<String, Value>,
     idempotency_key: Option<IdempotencyKey>,
+    approval: Option<ApprovalGrant>,
 ) -> Result<CallRequest, ObolError> {
     let name = match params.remove("name") {
         Some(Value::String(name)) => name,
@@ -189,7 +196,61 @@ fn call_request(
         name,
         arguments,
         idempotency_key,
+        approval,
     })
+}
+
+/// The resume headers, verified: both or neither, a well-formed id, a token signed by an
+/// accepted key, for that id, issued to this key, not expired.
+fn approval_grant(
+    gateway: &Gateway,
+    headers: &HeaderMap,
+    key: &VirtualKey,
+) -> Result<Option<ApprovalGrant>, ObolError> {
+    let header = |name| {
+        single_header(headers, name).map_err(|_| {
+            ObolError::ApprovalInvalid("an approval header is given twice or is not ASCII")
+        })
+    };
+    let (id, token) = match (
+        header(approvals::APPROVAL_ID_HEADER)?,
+        header(approvals::APPROVAL_TOKEN_HEADER)?,
+    ) {
+        (None, None) => return Ok(None),
+        (Some(id), Some(token)) => (id, token),
+        _ => {
+            return Err(ObolError::ApprovalInvalid(
+                "Obol-Approval-Id and Obol-Approval-Token are sent together",
+            ));
+        }
+    };
+    let id =
+        ApprovalId::parse(id).ok_or(ObolError::ApprovalInvalid("the approval id is malformed"))?;
+    let grant = gateway
+        .approvals
+        .keyring
+        .verify(token, crate::store::now_ms())
+        .map_err(|error| match error {
+            TokenError::Expired => ObolError::ApprovalExpired,
+            TokenError::Malformed => ObolError::ApprovalInvalid("the token is malformed"),
+            TokenError::UnknownKey => ObolError::ApprovalInvalid(
+                "the token is signed with a key this gateway does not accept",
+            ),
+            TokenError::BadSignature => {
+                ObolError::ApprovalInvalid("the token's signature does not verify")
+            }
+        })?;
+    if grant.approval_id != id {
+        return Err(ObolError::ApprovalInvalid(
+            "the token belongs to another approval",
+        ));
+    }
+    if grant.workspace != key.workspace || grant.key_hash != key.hash.to_string() {
+        return Err(ObolError::ApprovalInvalid(
+            "the token was issued to another key",
+        ));
+    }
+    Ok(Some(grant))
 }
 
 fn initialize(

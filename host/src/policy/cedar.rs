@@ -27,6 +27,7 @@ struct Names {
     workspace: EntityTypeName,
     connection: EntityTypeName,
     actions: [EntityUid; 2],
+    waive: EntityUid,
 }
 
 static NAMES: LazyLock<Names> = LazyLock::new(|| {
@@ -39,8 +40,9 @@ static NAMES: LazyLock<Names> = LazyLock::new(|| {
         connection: kind("Obol::Connection"),
         actions: [
             EntityUid::from_type_name_and_id(action.clone(), EntityId::new("list")),
-            EntityUid::from_type_name_and_id(action, EntityId::new("call")),
+            EntityUid::from_type_name_and_id(action.clone(), EntityId::new("call")),
         ],
+        waive: EntityUid::from_type_name_and_id(action, EntityId::new("call_without_approval")),
     }
 });
 
@@ -93,8 +95,20 @@ pub struct Verdict {
     /// `None` when the workspace has no publication (the prefilter alone governs it).
     pub publication: Option<u32>,
     pub allowed: bool,
-    /// The policies that determined the decision.
+    /// The policies that determined the decision (and, when waived, the waiver).
     pub policies: Vec<String>,
+    pub approval: ApprovalRule,
+}
+
+/// Whether a call must wait for a human.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApprovalRule {
+    /// Not a destructive production tool.
+    NotRequired,
+    /// Destructive in prod, and no policy permits `call_without_approval`.
+    Required,
+    /// Destructive in prod, and a policy explicitly permits `call_without_approval`.
+    Waived,
 }
 
 impl Policies {
@@ -120,32 +134,33 @@ impl Policies {
 
     /// Both `list` and `call` must be allowed. A workspace without publications is governed
     /// by the prefilter alone; a key pinned to a publication that does not exist sees nothing.
-    pub fn decide(&self, key: &VirtualKey, route: &Route) -> Verdict {
+    /// `needs_approval` (a destructive production tool) additionally asks whether a policy
+    /// waives the approval; without publications nothing can.
+    pub fn decide(&self, key: &VirtualKey, route: &Route, needs_approval: bool) -> Verdict {
+        let unwaived = if needs_approval {
+            ApprovalRule::Required
+        } else {
+            ApprovalRule::NotRequired
+        };
+        let refused = |publication: Option<u32>| Verdict {
+            publication,
+            allowed: false,
+            policies: Vec::new(),
+            approval: unwaived,
+        };
         if !self.has_workspace(&key.workspace) {
             return Verdict {
-                publication: None,
                 allowed: true,
-                policies: Vec::new(),
+                ..refused(None)
             };
         }
         let Some(publication) = self.publication_for(key) else {
-            return Verdict {
-                publication: None,
-                allowed: false,
-                policies: Vec::new(),
-            };
+            return refused(None);
         };
         let Ok((entities, principal, resource)) = entities(key, route) else {
-            return Verdict {
-                publication: Some(publication.number),
-                allowed: false,
-                policies: Vec::new(),
-            };
+            return refused(Some(publication.number));
         };
-        let authorizer = Authorizer::new();
-        let mut policies = Vec::new();
-        let mut allowed = true;
-        for action in &NAMES.actions {
+        let evaluate = |action: &EntityUid, policies: &mut Vec<String>| -> bool {
             let Ok(request) = Request::new(
                 principal.clone(),
                 action.clone(),
@@ -153,10 +168,10 @@ impl Policies {
                 Context::empty(),
                 None,
             ) else {
-                allowed = false;
-                break;
+                return false;
             };
-            let response = authorizer.is_authorized(&request, &publication.policies, &entities);
+            let response =
+                Authorizer::new().is_authorized(&request, &publication.policies, &entities);
             for id in response.diagnostics().reason() {
                 // Operators name policies with `@id("…")`; Cedar's own ids are positional.
                 let name = publication
@@ -167,15 +182,30 @@ impl Policies {
                     policies.push(name);
                 }
             }
-            if response.decision() == Decision::Deny {
-                allowed = false;
-                break;
+            response.decision() == Decision::Allow
+        };
+        let mut policies = Vec::new();
+        let allowed = NAMES
+            .actions
+            .iter()
+            .all(|action| evaluate(action, &mut policies));
+        // Only a waiver that holds is worth naming in the receipt.
+        let mut waivers = Vec::new();
+        let approval = if allowed && needs_approval && evaluate(&NAMES.waive, &mut waivers) {
+            for waiver in waivers {
+                if !policies.contains(&waiver) {
+                    policies.push(waiver);
+                }
             }
-        }
+            ApprovalRule::Waived
+        } else {
+            unwaived
+        };
         Verdict {
             publication: Some(publication.number),
             allowed,
             policies,
+            approval,
         }
     }
 }

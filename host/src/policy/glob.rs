@@ -25,6 +25,10 @@ impl ToolGlob {
         })
     }
 
+    pub fn as_str(&self) -> &str {
+        &self.pattern
+    }
+
     /// Whether the pattern names one tool exactly, without wildcards.
     pub fn is_verbatim(&self) -> bool {
         !self.pattern.contains(['*', '?'])

@@ -9,7 +9,10 @@ pub fn decide(key: &VirtualKey, route: &Route, policies: &Policies) -> Option<Ve
     if !prefilter(key, route) {
         return None;
     }
-    let verdict = policies.decide(key, route);
+    // A destructive production call waits for a human unless a policy waives it (ADR-0006).
+    let needs_approval =
+        route.tool().effect.destructive && route.connection.environment == Environment::Prod;
+    let verdict = policies.decide(key, route, needs_approval);
     verdict.allowed.then_some(verdict)
 }
 

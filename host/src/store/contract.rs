@@ -50,6 +50,7 @@ fn receipt(record: &ClaimRecord, claim: &ClaimKey) -> Receipt {
         note: None,
         policy_publication: None,
         matched_policies: Vec::new(),
+        approval_id: None,
         created_at_ms: record.created_at_ms,
         finalized_at_ms: now_ms(),
     }
@@ -62,6 +63,113 @@ pub async fn run(store: &Store) {
     finalize_stores_the_receipt(store).await;
     concurrent_claims_have_one_winner(store).await;
     keys_are_independent(store).await;
+    tickets_are_written_once_and_decided_once(store).await;
+    registry_inserts_once_and_puts_always(store).await;
+}
+
+async fn registry_inserts_once_and_puts_always(store: &Store) {
+    let name = format!("acme/{}", now_ms());
+    assert!(
+        store
+            .registry_insert(Registry::Publications, &name, "one")
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .registry_insert(Registry::Publications, &name, "two")
+            .await
+            .unwrap()
+    );
+    store
+        .registry_put(Registry::Keys, &name, "a")
+        .await
+        .unwrap();
+    store
+        .registry_put(Registry::Keys, &name, "b")
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .registry(Registry::Publications)
+            .await
+            .unwrap()
+            .get(&name),
+        Some(&"one".to_owned())
+    );
+    assert_eq!(
+        store.registry(Registry::Keys).await.unwrap().get(&name),
+        Some(&"b".to_owned())
+    );
+}
+
+fn ticket(workspace: &str, created_at_ms: u64) -> crate::approvals::Ticket {
+    use crate::approvals::{ApprovalId, Ticket, TicketStatus};
+    Ticket {
+        id: ApprovalId::mint(),
+        workspace: workspace.into(),
+        key_name: "agent".into(),
+        key_hash: "sha256:00".into(),
+        tool: "stripe.create_refund".into(),
+        connection: "stripe-live".into(),
+        idempotency_key: "idt_contract000000000".into(),
+        request_hash: "rh".into(),
+        destination: "dst".into(),
+        summary: vec!["amount = 5".into()],
+        policy_publication: None,
+        policies: vec![],
+        created_at_ms,
+        expires_at_ms: created_at_ms + 86_400_000,
+        status: TicketStatus::Pending,
+    }
+}
+
+async fn tickets_are_written_once_and_decided_once(store: &Store) {
+    use crate::approvals::{Decided, Decision, TicketStatus};
+    let workspace = format!("tickets{}", now_ms());
+    let (first, second) = (
+        ticket(&workspace, now_ms()),
+        ticket(&workspace, now_ms() + 1),
+    );
+    store.put_ticket(&first).await.unwrap();
+    store.put_ticket(&second).await.unwrap();
+    // A repeated write never replaces a ticket (nor its decision).
+    let mut rewritten = first.clone();
+    rewritten.summary = vec!["changed".into()];
+    store.put_ticket(&rewritten).await.unwrap();
+    assert_eq!(store.ticket(&first.id).await.unwrap(), Some(first.clone()));
+    let listed = store.tickets(&workspace, 10).await.unwrap();
+    assert_eq!(listed, vec![second.clone(), first.clone()], "newest first");
+    assert!(store.tickets("elsewhere", 10).await.unwrap().is_empty());
+
+    let Decided::Now(approved) = store
+        .decide_ticket(&first.id, Decision::Approved, 7)
+        .await
+        .unwrap()
+    else {
+        panic!("a pending ticket is decided");
+    };
+    assert_eq!(approved.status, TicketStatus::Approved { at_ms: 7 });
+    // The second decision loses, whatever it says.
+    assert_eq!(
+        store
+            .decide_ticket(&first.id, Decision::Denied, 8)
+            .await
+            .unwrap(),
+        Decided::Already(approved.clone())
+    );
+    assert_eq!(
+        store.ticket(&first.id).await.unwrap().as_ref(),
+        Some(&*approved)
+    );
+    let missing = crate::approvals::ApprovalId::mint();
+    assert_eq!(
+        store
+            .decide_ticket(&missing, Decision::Denied, 9)
+            .await
+            .unwrap(),
+        Decided::Missing
+    );
 }
 
 async fn claims_are_created_once(store: &Store) {

@@ -5,6 +5,7 @@
 //! a caller's write is acknowledged only after the fsync that covers it, but concurrent
 //! callers share that fsync instead of paying one each.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,13 +14,19 @@ use std::sync::mpsc;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::oneshot;
 
-use super::{Claim, ClaimKey, ClaimRecord, Receipt, StoreError};
+use super::{Claim, ClaimKey, ClaimRecord, Receipt, Registry, StoreError};
+use crate::approvals::{ApprovalId, Decided, Decision, Ticket, TicketStatus};
 
 const CLAIMS: TableDefinition<&str, &[u8]> = TableDefinition::new("claims");
 const RECEIPTS: TableDefinition<&str, &[u8]> = TableDefinition::new("receipts");
 /// `{workspace}\0{finalized_at_ms:020}\0{id}` → (), for newest-first listing.
 const RECEIPT_INDEX: TableDefinition<&str, ()> = TableDefinition::new("receipt_index");
 const AUDIT: TableDefinition<u64, &[u8]> = TableDefinition::new("audit");
+/// `{registry}\0{name}` → the record's JSON.
+const REGISTRY: TableDefinition<&str, &str> = TableDefinition::new("registry");
+const TICKETS: TableDefinition<&str, &[u8]> = TableDefinition::new("approval_tickets");
+/// `{workspace}\0{created_at_ms:020}\0{id}` → (), for the inbox's newest-first listing.
+const TICKET_INDEX: TableDefinition<&str, ()> = TableDefinition::new("approval_index");
 
 /// The most operations one group commit takes.
 const MAX_BATCH: usize = 256;
@@ -54,6 +61,22 @@ enum Op {
         receipt: Option<Box<Receipt>>,
         reply: oneshot::Sender<Result<bool, StoreError>>,
     },
+    PutTicket {
+        ticket: Box<Ticket>,
+        reply: oneshot::Sender<Result<(), StoreError>>,
+    },
+    DecideTicket {
+        id: ApprovalId,
+        decision: Decision,
+        at_ms: u64,
+        reply: oneshot::Sender<Result<Decided, StoreError>>,
+    },
+    Registry {
+        key: String,
+        value: String,
+        only_if_absent: bool,
+        reply: oneshot::Sender<Result<bool, StoreError>>,
+    },
 }
 
 fn failed(error: impl std::fmt::Display) -> StoreError {
@@ -72,6 +95,9 @@ impl EmbeddedStore {
         txn.open_table(RECEIPTS).map_err(failed)?;
         txn.open_table(RECEIPT_INDEX).map_err(failed)?;
         txn.open_table(AUDIT).map_err(failed)?;
+        txn.open_table(TICKETS).map_err(failed)?;
+        txn.open_table(TICKET_INDEX).map_err(failed)?;
+        txn.open_table(REGISTRY).map_err(failed)?;
         txn.commit().map_err(failed)?;
         let db = Arc::new(db);
         let syncs = Arc::new(AtomicU64::new(0));
@@ -119,6 +145,88 @@ impl EmbeddedStore {
             .map_err(|_| failed("the store writer stopped"))?
     }
 
+    pub async fn put_ticket(&self, ticket: &Ticket) -> Result<(), StoreError> {
+        let (reply, answer) = oneshot::channel();
+        self.submit(Op::PutTicket {
+            ticket: Box::new(ticket.clone()),
+            reply,
+        })?;
+        answer
+            .await
+            .map_err(|_| failed("the store writer stopped"))?
+    }
+
+    pub async fn decide_ticket(
+        &self,
+        id: &ApprovalId,
+        decision: Decision,
+        at_ms: u64,
+    ) -> Result<Decided, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        self.submit(Op::DecideTicket {
+            id: id.clone(),
+            decision,
+            at_ms,
+            reply,
+        })?;
+        answer
+            .await
+            .map_err(|_| failed("the store writer stopped"))?
+    }
+
+    pub async fn registry_write(
+        &self,
+        registry: Registry,
+        name: &str,
+        value: &str,
+        only_if_absent: bool,
+    ) -> Result<bool, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        self.submit(Op::Registry {
+            key: format!("{}\0{name}", registry.as_str()),
+            value: value.to_owned(),
+            only_if_absent,
+            reply,
+        })?;
+        answer
+            .await
+            .map_err(|_| failed("the store writer stopped"))?
+    }
+
+    pub async fn registry(
+        &self,
+        registry: Registry,
+    ) -> Result<BTreeMap<String, String>, StoreError> {
+        let txn = self.inner.db.begin_read().map_err(failed)?;
+        let table = txn.open_table(REGISTRY).map_err(failed)?;
+        let (start, end) = (
+            format!("{}\0", registry.as_str()),
+            format!("{}\u{1}", registry.as_str()),
+        );
+        let mut out = BTreeMap::new();
+        for entry in table.range(start.as_str()..end.as_str()).map_err(failed)? {
+            let (key, value) = entry.map_err(failed)?;
+            let name = key.value()[start.len()..].to_owned();
+            out.insert(name, value.value().to_owned());
+        }
+        Ok(out)
+    }
+
+    pub async fn ticket(&self, id: &ApprovalId) -> Result<Option<Ticket>, StoreError> {
+        read_json(&self.inner.db, TICKETS, id.as_str())
+    }
+
+    pub async fn tickets(&self, workspace: &str, limit: usize) -> Result<Vec<Ticket>, StoreError> {
+        newest(
+            &self.inner.db,
+            TICKET_INDEX,
+            TICKETS,
+            workspace,
+            limit,
+            |id| id.to_owned(),
+        )
+    }
+
     fn submit(&self, op: Op) -> Result<(), StoreError> {
         self.inner
             .writer
@@ -127,23 +235,11 @@ impl EmbeddedStore {
     }
 
     pub async fn get(&self, key: &ClaimKey) -> Result<Option<ClaimRecord>, StoreError> {
-        let txn = self.inner.db.begin_read().map_err(failed)?;
-        let table = txn.open_table(CLAIMS).map_err(failed)?;
-        let found = table.get(key.slot().as_str()).map_err(failed)?;
-        found
-            .map(|bytes| serde_json::from_slice(bytes.value()).map_err(failed))
-            .transpose()
+        read_json(&self.inner.db, CLAIMS, &key.slot())
     }
 
     pub async fn receipt(&self, workspace: &str, id: &str) -> Result<Option<Receipt>, StoreError> {
-        let txn = self.inner.db.begin_read().map_err(failed)?;
-        let table = txn.open_table(RECEIPTS).map_err(failed)?;
-        let found = table
-            .get(format!("{workspace}\0{id}").as_str())
-            .map_err(failed)?;
-        found
-            .map(|bytes| serde_json::from_slice(bytes.value()).map_err(failed))
-            .transpose()
+        read_json(&self.inner.db, RECEIPTS, &format!("{workspace}\0{id}"))
     }
 
     pub async fn receipts(
@@ -151,38 +247,68 @@ impl EmbeddedStore {
         workspace: &str,
         limit: usize,
     ) -> Result<Vec<Receipt>, StoreError> {
-        let txn = self.inner.db.begin_read().map_err(failed)?;
-        let index = txn.open_table(RECEIPT_INDEX).map_err(failed)?;
-        let receipts = txn.open_table(RECEIPTS).map_err(failed)?;
-        let start = format!("{workspace}\0");
-        let end = format!("{workspace}\u{1}");
-        let mut out = Vec::new();
-        for entry in index
-            .range(start.as_str()..end.as_str())
-            .map_err(failed)?
-            .rev()
-            .take(limit)
-        {
-            let (key, _) = entry.map_err(failed)?;
-            let id = key
-                .value()
-                .rsplit('\0')
-                .next()
-                .unwrap_or_default()
-                .to_owned();
-            if let Some(bytes) = receipts
-                .get(format!("{workspace}\0{id}").as_str())
-                .map_err(failed)?
-            {
-                out.push(serde_json::from_slice(bytes.value()).map_err(failed)?);
-            }
-        }
-        Ok(out)
+        newest(
+            &self.inner.db,
+            RECEIPT_INDEX,
+            RECEIPTS,
+            workspace,
+            limit,
+            |id| format!("{workspace}\0{id}"),
+        )
     }
 
     pub fn syncs(&self) -> u64 {
         self.inner.syncs.load(Ordering::Relaxed)
     }
+}
+
+/// One JSON record by key.
+fn read_json<T: serde::de::DeserializeOwned>(
+    db: &Database,
+    table: TableDefinition<&str, &[u8]>,
+    key: &str,
+) -> Result<Option<T>, StoreError> {
+    let txn = db.begin_read().map_err(failed)?;
+    let table = txn.open_table(table).map_err(failed)?;
+    let found = table.get(key).map_err(failed)?;
+    found
+        .map(|bytes| serde_json::from_slice(bytes.value()).map_err(failed))
+        .transpose()
+}
+
+/// The newest `limit` records of a workspace: walks `index` (`{workspace}\0{time}\0{id}`)
+/// backwards and reads each id's record from `records` under `key_of(id)`.
+fn newest<T: serde::de::DeserializeOwned>(
+    db: &Database,
+    index: TableDefinition<&str, ()>,
+    records: TableDefinition<&str, &[u8]>,
+    workspace: &str,
+    limit: usize,
+    key_of: impl Fn(&str) -> String,
+) -> Result<Vec<T>, StoreError> {
+    let txn = db.begin_read().map_err(failed)?;
+    let index = txn.open_table(index).map_err(failed)?;
+    let records = txn.open_table(records).map_err(failed)?;
+    let (start, end) = (format!("{workspace}\0"), format!("{workspace}\u{1}"));
+    let mut out = Vec::new();
+    for entry in index
+        .range(start.as_str()..end.as_str())
+        .map_err(failed)?
+        .rev()
+        .take(limit)
+    {
+        let (key, _) = entry.map_err(failed)?;
+        let id = key
+            .value()
+            .rsplit('\0')
+            .next()
+            .unwrap_or_default()
+            .to_owned();
+        if let Some(bytes) = records.get(key_of(&id).as_str()).map_err(failed)? {
+            out.push(serde_json::from_slice(bytes.value()).map_err(failed)?);
+        }
+    }
+    Ok(out)
 }
 
 /// The writer thread: batch, apply, commit once, then answer everyone in the batch.
@@ -207,6 +333,15 @@ fn write_loop(db: &Database, queue: &mpsc::Receiver<Op>, syncs: &AtomicU64) {
                         (Op::Transition { reply, .. }, Applied::Transition(done)) => {
                             let _ = reply.send(Ok(done));
                         }
+                        (Op::PutTicket { reply, .. }, Applied::PutTicket) => {
+                            let _ = reply.send(Ok(()));
+                        }
+                        (Op::DecideTicket { reply, .. }, Applied::DecideTicket(decided)) => {
+                            let _ = reply.send(Ok(decided));
+                        }
+                        (Op::Registry { reply, .. }, Applied::Transition(done)) => {
+                            let _ = reply.send(Ok(done));
+                        }
                         _ => unreachable!("results follow the batch's order"),
                     }
                 }
@@ -221,6 +356,15 @@ fn write_loop(db: &Database, queue: &mpsc::Receiver<Op>, syncs: &AtomicU64) {
                         Op::Transition { reply, .. } => {
                             let _ = reply.send(Err(error.clone()));
                         }
+                        Op::PutTicket { reply, .. } => {
+                            let _ = reply.send(Err(error.clone()));
+                        }
+                        Op::DecideTicket { reply, .. } => {
+                            let _ = reply.send(Err(error.clone()));
+                        }
+                        Op::Registry { reply, .. } => {
+                            let _ = reply.send(Err(error.clone()));
+                        }
                     }
                 }
             }
@@ -231,6 +375,8 @@ fn write_loop(db: &Database, queue: &mpsc::Receiver<Op>, syncs: &AtomicU64) {
 enum Applied {
     Claim(Box<Claim>),
     Transition(bool),
+    PutTicket,
+    DecideTicket(Decided),
 }
 
 fn apply(db: &Database, batch: &[Op]) -> Result<Vec<Applied>, StoreError> {
@@ -241,6 +387,9 @@ fn apply(db: &Database, batch: &[Op]) -> Result<Vec<Applied>, StoreError> {
         let mut receipts = txn.open_table(RECEIPTS).map_err(failed)?;
         let mut index = txn.open_table(RECEIPT_INDEX).map_err(failed)?;
         let mut audit = txn.open_table(AUDIT).map_err(failed)?;
+        let mut tickets = txn.open_table(TICKETS).map_err(failed)?;
+        let mut ticket_index = txn.open_table(TICKET_INDEX).map_err(failed)?;
+        let mut registry = txn.open_table(REGISTRY).map_err(failed)?;
         let mut next_audit = audit
             .last()
             .map_err(failed)?
@@ -313,6 +462,63 @@ fn apply(db: &Database, batch: &[Op]) -> Result<Vec<Applied>, StoreError> {
                         }
                     }
                     results.push(Applied::Transition(matches));
+                }
+                Op::PutTicket { ticket, .. } => {
+                    if tickets.get(ticket.id.as_str()).map_err(failed)?.is_none() {
+                        let bytes = serde_json::to_vec(ticket).map_err(failed)?;
+                        tickets
+                            .insert(ticket.id.as_str(), bytes.as_slice())
+                            .map_err(failed)?;
+                        let order = format!(
+                            "{}\0{:020}\0{}",
+                            ticket.workspace, ticket.created_at_ms, ticket.id
+                        );
+                        ticket_index.insert(order.as_str(), ()).map_err(failed)?;
+                    }
+                    results.push(Applied::PutTicket);
+                }
+                Op::DecideTicket {
+                    id,
+                    decision,
+                    at_ms,
+                    ..
+                } => {
+                    let current = tickets
+                        .get(id.as_str())
+                        .map_err(failed)?
+                        .map(|bytes| serde_json::from_slice::<Ticket>(bytes.value()))
+                        .transpose()
+                        .map_err(failed)?;
+                    let outcome = match current {
+                        None => Decided::Missing,
+                        Some(ticket) if ticket.status != TicketStatus::Pending => {
+                            Decided::Already(Box::new(ticket))
+                        }
+                        Some(ticket) => {
+                            let next = super::decided(ticket, *decision, *at_ms);
+                            let bytes = serde_json::to_vec(&next).map_err(failed)?;
+                            tickets
+                                .insert(id.as_str(), bytes.as_slice())
+                                .map_err(failed)?;
+                            Decided::Now(Box::new(next))
+                        }
+                    };
+                    results.push(Applied::DecideTicket(outcome));
+                }
+                Op::Registry {
+                    key,
+                    value,
+                    only_if_absent,
+                    ..
+                } => {
+                    let write =
+                        !*only_if_absent || registry.get(key.as_str()).map_err(failed)?.is_none();
+                    if write {
+                        registry
+                            .insert(key.as_str(), value.as_str())
+                            .map_err(failed)?;
+                    }
+                    results.push(Applied::Transition(write));
                 }
             }
         }

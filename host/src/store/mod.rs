@@ -18,6 +18,7 @@ mod volatile;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::approvals::{ApprovalId, Decided, Decision, Ticket};
 use crate::idempotency::{IdempotencyKey, RequestHash};
 
 pub use embedded::EmbeddedStore;
@@ -111,6 +112,9 @@ pub enum OutcomeClass {
 ///    │  nothing sent)                                           ▼
 ///    └──────────────────────────────────────────────── Finalized{accepted | definitely_rejected | unknown}
 ///                                           Finalized{unknown} with a vendor binding ──reserve──▶ Reserved{n+1}
+///
+/// AwaitingApproval ──approved token──▶ Reserved{1}
+///        └──────────denied, or expired──▶ Finalized{definitely_rejected} (nothing was sent)
 /// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
@@ -118,6 +122,12 @@ pub enum ClaimState {
     /// Acquired; no attempt is reserved, so nothing can have been sent under this claim yet
     /// (beyond attempts already counted and finalized).
     Claimed,
+    /// Held for a human's decision: nothing is reserved or sent. Only a valid token for
+    /// `approval_id` moves it on; it outlives the ticket, so a late resume finds the slot.
+    AwaitingApproval {
+        approval_id: ApprovalId,
+        expires_at_ms: u64,
+    },
     /// Attempt `attempt` is durably reserved and may be on the wire until `lease_until_ms`.
     Reserved {
         attempt: u32,
@@ -188,6 +198,9 @@ pub struct Receipt {
     /// The policies that allowed the call.
     #[serde(default)]
     pub matched_policies: Vec<String>,
+    /// The approval the call was held under, when it was held.
+    #[serde(default)]
+    pub approval_id: Option<String>,
     pub created_at_ms: u64,
     pub finalized_at_ms: u64,
 }
@@ -226,6 +239,23 @@ pub enum Verification {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("the state store is unavailable: {0}")]
 pub struct StoreError(pub String);
+
+/// Operator-managed records kept beside the config file: keys created through the admin API
+/// and policy publications made without a restart. Small, and always read whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Registry {
+    Keys,
+    Publications,
+}
+
+impl Registry {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Registry::Keys => "keys",
+            Registry::Publications => "publications",
+        }
+    }
+}
 
 /// The configured backend.
 #[derive(Debug, Clone)]
@@ -319,6 +349,98 @@ impl Store {
         }
     }
 
+    /// Writes `ticket` unless a ticket with its id exists (a repeated hold re-writes the same
+    /// ticket, so a lost ticket write is repaired by the next call under the key).
+    pub async fn put_ticket(&self, ticket: &Ticket) -> Result<(), StoreError> {
+        match self {
+            Store::Embedded(s) => s.put_ticket(ticket).await,
+            Store::Redis(s) => s.put_ticket(ticket).await,
+            #[cfg(feature = "test-util")]
+            Store::Volatile(s) => s.put_ticket(ticket).await,
+        }
+    }
+
+    pub async fn ticket(&self, id: &ApprovalId) -> Result<Option<Ticket>, StoreError> {
+        match self {
+            Store::Embedded(s) => s.ticket(id).await,
+            Store::Redis(s) => s.ticket(id).await,
+            #[cfg(feature = "test-util")]
+            Store::Volatile(s) => s.ticket(id).await,
+        }
+    }
+
+    /// The newest tickets of a workspace, newest first (expired ones included; the caller
+    /// judges expiry against its clock).
+    pub async fn tickets(&self, workspace: &str, limit: usize) -> Result<Vec<Ticket>, StoreError> {
+        match self {
+            Store::Embedded(s) => s.tickets(workspace, limit).await,
+            Store::Redis(s) => s.tickets(workspace, limit).await,
+            #[cfg(feature = "test-util")]
+            Store::Volatile(s) => s.tickets(workspace, limit).await,
+        }
+    }
+
+    /// Records the owner's decision if the ticket is still pending (compare-and-set: of two
+    /// owners clicking at once, one decides).
+    pub async fn decide_ticket(
+        &self,
+        id: &ApprovalId,
+        decision: Decision,
+        at_ms: u64,
+    ) -> Result<Decided, StoreError> {
+        match self {
+            Store::Embedded(s) => s.decide_ticket(id, decision, at_ms).await,
+            Store::Redis(s) => s.decide_ticket(id, decision, at_ms).await,
+            #[cfg(feature = "test-util")]
+            Store::Volatile(s) => s.decide_ticket(id, decision, at_ms).await,
+        }
+    }
+
+    /// Adds `name` to the registry unless it is there; returns whether it added it.
+    /// Publications are immutable, so they are only ever inserted.
+    pub async fn registry_insert(
+        &self,
+        registry: Registry,
+        name: &str,
+        value: &str,
+    ) -> Result<bool, StoreError> {
+        match self {
+            Store::Embedded(s) => s.registry_write(registry, name, value, true).await,
+            Store::Redis(s) => s.registry_write(registry, name, value, true).await,
+            #[cfg(feature = "test-util")]
+            Store::Volatile(s) => s.registry_write(registry, name, value, true).await,
+        }
+    }
+
+    /// Sets `name` (a key's revocation rewrites its record).
+    pub async fn registry_put(
+        &self,
+        registry: Registry,
+        name: &str,
+        value: &str,
+    ) -> Result<(), StoreError> {
+        let result = match self {
+            Store::Embedded(s) => s.registry_write(registry, name, value, false).await,
+            Store::Redis(s) => s.registry_write(registry, name, value, false).await,
+            #[cfg(feature = "test-util")]
+            Store::Volatile(s) => s.registry_write(registry, name, value, false).await,
+        };
+        result.map(|_| ())
+    }
+
+    /// Every record of `registry`, by name.
+    pub async fn registry(
+        &self,
+        registry: Registry,
+    ) -> Result<std::collections::BTreeMap<String, String>, StoreError> {
+        match self {
+            Store::Embedded(s) => s.registry(registry).await,
+            Store::Redis(s) => s.registry(registry).await,
+            #[cfg(feature = "test-util")]
+            Store::Volatile(s) => s.registry(registry).await,
+        }
+    }
+
     /// How many durable syncs (fsync or Redis write round trips) the store has made; for the
     /// benchmark's per-call figures.
     pub fn syncs(&self) -> u64 {
@@ -343,9 +465,22 @@ pub(crate) fn audit_event(receipt: &Receipt) -> serde_json::Value {
     })
 }
 
-/// Milliseconds since the Unix epoch.
+/// Milliseconds since the Unix epoch. Test builds may run the clock ahead
+/// (`OBOL_CLOCK_OFFSET_MS`), so expiry can be tested without waiting a day.
 pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
+    let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+        .map_or(0, |d| d.as_millis() as u64);
+    #[cfg(feature = "test-util")]
+    let now = now + crate::failpoint::clock_offset_ms();
+    now
+}
+
+/// The ticket as decided (shared by every backend).
+pub(crate) fn decided(mut ticket: Ticket, decision: Decision, at_ms: u64) -> Ticket {
+    ticket.status = match decision {
+        Decision::Approved => crate::approvals::TicketStatus::Approved { at_ms },
+        Decision::Denied => crate::approvals::TicketStatus::Denied { at_ms },
+    };
+    ticket
 }

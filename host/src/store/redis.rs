@@ -17,7 +17,8 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{AsyncCommands, Script};
 
-use super::{Claim, ClaimKey, ClaimRecord, Receipt, StoreError};
+use super::{Claim, ClaimKey, ClaimRecord, Receipt, Registry, StoreError};
+use crate::approvals::{ApprovalId, Decided, Decision, Ticket};
 
 /// Claims, receipts and audit entries are kept this long (at least 24 h, longer than an
 /// approval ticket).
@@ -44,11 +45,31 @@ end
 return 1
 ";
 
+/// A ticket is a hash (`s`: status, `t`: the ticket) that expires an hour after the ticket
+/// does; the per-workspace stream only lists ids for the inbox (stream entries cannot expire,
+/// so expiry is the hash's and the ticket's `expires_at_ms`).
+const PUT_TICKET: &str = r"
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], 's', 'pending', 't', ARGV[1])
+redis.call('PEXPIREAT', KEYS[1], ARGV[2])
+return 1
+";
+
+const DECIDE_TICKET: &str = r"
+local s = redis.call('HGET', KEYS[1], 's')
+if not s then return 0 end
+if s ~= 'pending' then return 1 end
+redis.call('HSET', KEYS[1], 's', ARGV[1], 't', ARGV[2])
+return 2
+";
+
 #[derive(Clone)]
 pub struct RedisStore {
     connection: ConnectionManager,
     claim: Arc<Script>,
     transition: Arc<Script>,
+    put_ticket: Arc<Script>,
+    decide_ticket: Arc<Script>,
     syncs: Arc<AtomicU64>,
 }
 
@@ -89,6 +110,8 @@ impl RedisStore {
             connection,
             claim: Arc::new(Script::new(CLAIM)),
             transition: Arc::new(Script::new(TRANSITION)),
+            put_ticket: Arc::new(Script::new(PUT_TICKET)),
+            decide_ticket: Arc::new(Script::new(DECIDE_TICKET)),
             syncs: Arc::new(AtomicU64::new(0)),
         })
     }
@@ -219,6 +242,135 @@ impl RedisStore {
         Ok(out)
     }
 
+    pub async fn registry_write(
+        &self,
+        registry: Registry,
+        name: &str,
+        value: &str,
+        only_if_absent: bool,
+    ) -> Result<bool, StoreError> {
+        let mut connection = self.connection.clone();
+        let hash = format!("obol:registry:{}", registry.as_str());
+        let written: bool = if only_if_absent {
+            connection
+                .hset_nx(hash, name, value)
+                .await
+                .map_err(failed)?
+        } else {
+            let _: i64 = connection.hset(hash, name, value).await.map_err(failed)?;
+            true
+        };
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        Ok(written)
+    }
+
+    pub async fn registry(
+        &self,
+        registry: Registry,
+    ) -> Result<std::collections::BTreeMap<String, String>, StoreError> {
+        let mut connection = self.connection.clone();
+        connection
+            .hgetall(format!("obol:registry:{}", registry.as_str()))
+            .await
+            .map_err(failed)
+    }
+
+    pub async fn put_ticket(&self, ticket: &Ticket) -> Result<(), StoreError> {
+        let mut connection = self.connection.clone();
+        let created: i64 = self
+            .put_ticket
+            .key(ticket_key(&ticket.id))
+            .arg(serde_json::to_string(ticket).map_err(failed)?)
+            .arg(ticket.expires_at_ms + 3_600_000)
+            .invoke_async(&mut connection)
+            .await
+            .map_err(failed)?;
+        if created == 1 {
+            let stream = format!("obol:approvals:{}", ticket.workspace);
+            redis::pipe()
+                .cmd("XADD")
+                .arg(&stream)
+                .arg("MAXLEN")
+                .arg("~")
+                .arg(10_000)
+                .arg("*")
+                .arg("id")
+                .arg(ticket.id.as_str())
+                .arg("expires_at_ms")
+                .arg(ticket.expires_at_ms)
+                .ignore()
+                .expire(&stream, RETENTION_SECONDS as i64)
+                .ignore()
+                .query_async::<()>(&mut connection)
+                .await
+                .map_err(failed)?;
+        }
+        Ok(())
+    }
+
+    pub async fn ticket(&self, id: &ApprovalId) -> Result<Option<Ticket>, StoreError> {
+        let mut connection = self.connection.clone();
+        let json: Option<String> = connection.hget(ticket_key(id), "t").await.map_err(failed)?;
+        json.map(|j| serde_json::from_str(&j).map_err(failed))
+            .transpose()
+    }
+
+    pub async fn tickets(&self, workspace: &str, limit: usize) -> Result<Vec<Ticket>, StoreError> {
+        let mut connection = self.connection.clone();
+        let entries: redis::Value = redis::cmd("XREVRANGE")
+            .arg(format!("obol:approvals:{workspace}"))
+            .arg("+")
+            .arg("-")
+            .arg("COUNT")
+            .arg(limit)
+            .query_async(&mut connection)
+            .await
+            .map_err(failed)?;
+        let mut out = Vec::new();
+        for id in stream_ids(&entries) {
+            if let Some(id) = ApprovalId::parse(&id)
+                && let Some(ticket) = self.ticket(&id).await?
+            {
+                out.push(ticket);
+            }
+        }
+        Ok(out)
+    }
+
+    pub async fn decide_ticket(
+        &self,
+        id: &ApprovalId,
+        decision: Decision,
+        at_ms: u64,
+    ) -> Result<Decided, StoreError> {
+        let Some(ticket) = self.ticket(id).await? else {
+            return Ok(Decided::Missing);
+        };
+        let next = super::decided(ticket, decision, at_ms);
+        let status = match decision {
+            Decision::Approved => "approved",
+            Decision::Denied => "denied",
+        };
+        let mut connection = self.connection.clone();
+        let done: i64 = self
+            .decide_ticket
+            .key(ticket_key(id))
+            .arg(status)
+            .arg(serde_json::to_string(&next).map_err(failed)?)
+            .invoke_async(&mut connection)
+            .await
+            .map_err(failed)?;
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        Ok(match done {
+            2 => Decided::Now(Box::new(next)),
+            1 => match self.ticket(id).await? {
+                Some(current) => Decided::Already(Box::new(current)),
+                None => Decided::Missing,
+            },
+            _ => Decided::Missing,
+        })
+    }
+
     pub fn syncs(&self) -> u64 {
         self.syncs.load(Ordering::Relaxed)
     }
@@ -235,6 +387,37 @@ fn decode_claim_reply(reply: &[redis::Value]) -> Result<(i64, Option<String>), S
         _ => None,
     };
     Ok((found, record))
+}
+
+fn ticket_key(id: &ApprovalId) -> String {
+    format!("obol:approval:{id}")
+}
+
+/// The `id` field of every entry of an XRANGE/XREVRANGE reply.
+fn stream_ids(reply: &redis::Value) -> Vec<String> {
+    let text = |value: &redis::Value| match value {
+        redis::Value::BulkString(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
+        redis::Value::SimpleString(text) => Some(text.clone()),
+        _ => None,
+    };
+    let redis::Value::Array(entries) = reply else {
+        return Vec::new();
+    };
+    let mut ids = Vec::new();
+    for entry in entries {
+        let redis::Value::Array(parts) = entry else {
+            continue;
+        };
+        let Some(redis::Value::Array(fields)) = parts.get(1) else {
+            continue;
+        };
+        for pair in fields.chunks(2) {
+            if pair.len() == 2 && text(&pair[0]).as_deref() == Some("id") {
+                ids.extend(text(&pair[1]));
+            }
+        }
+    }
+    ids
 }
 
 /// Redis URLs may carry a password; errors name the server without it.

@@ -1,10 +1,11 @@
 //! An in-memory store with the same atomic semantics and no durability. Compiled only with
 //! `test-util`: the benchmark uses it to show what durability costs. Never shipped.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
-use super::{Claim, ClaimKey, ClaimRecord, Receipt, StoreError};
+use super::{Claim, ClaimKey, ClaimRecord, Receipt, Registry, StoreError};
+use crate::approvals::{ApprovalId, Decided, Decision, Ticket, TicketStatus};
 
 #[derive(Debug, Clone, Default)]
 pub struct VolatileStore {
@@ -15,6 +16,8 @@ pub struct VolatileStore {
 struct State {
     claims: HashMap<String, ClaimRecord>,
     receipts: HashMap<(String, String), Receipt>,
+    tickets: HashMap<ApprovalId, Ticket>,
+    registry: BTreeMap<(&'static str, String), String>,
 }
 
 impl VolatileStore {
@@ -84,5 +87,86 @@ impl VolatileStore {
         found.sort_by_key(|r| std::cmp::Reverse(r.finalized_at_ms));
         found.truncate(limit);
         Ok(found)
+    }
+
+    pub async fn put_ticket(&self, ticket: &Ticket) -> Result<(), StoreError> {
+        let mut state = self.state.lock().expect("store lock");
+        state
+            .tickets
+            .entry(ticket.id.clone())
+            .or_insert_with(|| ticket.clone());
+        Ok(())
+    }
+
+    pub async fn ticket(&self, id: &ApprovalId) -> Result<Option<Ticket>, StoreError> {
+        Ok(self
+            .state
+            .lock()
+            .expect("store lock")
+            .tickets
+            .get(id)
+            .cloned())
+    }
+
+    pub async fn tickets(&self, workspace: &str, limit: usize) -> Result<Vec<Ticket>, StoreError> {
+        let state = self.state.lock().expect("store lock");
+        let mut found: Vec<Ticket> = state
+            .tickets
+            .values()
+            .filter(|t| t.workspace == workspace)
+            .cloned()
+            .collect();
+        found.sort_by_key(|t| std::cmp::Reverse(t.created_at_ms));
+        found.truncate(limit);
+        Ok(found)
+    }
+
+    pub async fn decide_ticket(
+        &self,
+        id: &ApprovalId,
+        decision: Decision,
+        at_ms: u64,
+    ) -> Result<Decided, StoreError> {
+        let mut state = self.state.lock().expect("store lock");
+        Ok(match state.tickets.get(id).cloned() {
+            None => Decided::Missing,
+            Some(ticket) if ticket.status != TicketStatus::Pending => {
+                Decided::Already(Box::new(ticket))
+            }
+            Some(ticket) => {
+                let next = super::decided(ticket, decision, at_ms);
+                state.tickets.insert(id.clone(), next.clone());
+                Decided::Now(Box::new(next))
+            }
+        })
+    }
+
+    pub async fn registry_write(
+        &self,
+        registry: Registry,
+        name: &str,
+        value: &str,
+        only_if_absent: bool,
+    ) -> Result<bool, StoreError> {
+        let mut state = self.state.lock().expect("store lock");
+        let key = (registry.as_str(), name.to_owned());
+        if only_if_absent && state.registry.contains_key(&key) {
+            return Ok(false);
+        }
+        state.registry.insert(key, value.to_owned());
+        Ok(true)
+    }
+
+    pub async fn registry(
+        &self,
+        registry: Registry,
+    ) -> Result<BTreeMap<String, String>, StoreError> {
+        let state = self.state.lock().expect("store lock");
+        Ok(state
+            .registry
+            .iter()
+            .filter(|((kind, _), _)| *kind == registry.as_str())
+            .map(|((_, name), value)| (name.clone(), value.clone()))
+            .collect())
     }
 }

@@ -1,0 +1,437 @@
+//! The admin API: keys and policy publications managed while the gateway runs.
+//!
+//! Authenticated with the admin token (`[admin] token_hash`), never with a virtual key:
+//!
+//! * `POST /v1/admin/keys` — create a key from a JSON key spec (as in `[[keys]]`, without
+//!   `hash`); the gateway mints the token and answers it once. Only its hash is stored.
+//! * `GET /v1/admin/keys` — every key, from the config and from the API, without hashes.
+//! * `DELETE /v1/admin/keys/{name}` — revoke an API key at once (a config key is revoked by
+//!   removing it from the config).
+//! * `POST /v1/admin/workspaces/{id}/publications` — publish Cedar policies (the body, as
+//!   text) as the workspace's next number. Publications are immutable; keys pinned to
+//!   `latest` move to it on their next request, without a restart.
+//! * `GET /v1/admin/workspaces/{id}/publications` — the numbers and where each came from.
+//!
+//! Records live in the store's registry, so they survive restarts and, on Redis, reach every
+//! gateway within [`REGISTRY_POLL`].
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::config::{KeyConfig, KeySpec, WorkspaceConfig};
+use crate::gateway::Gateway;
+use crate::http::error;
+use crate::policy::{KeyHash, Publication};
+use crate::store::{Registry, Store, StoreError, now_ms};
+
+/// How often a gateway on a shared store re-reads the registry: the longest a revoked key
+/// keeps working on another gateway.
+pub const REGISTRY_POLL: Duration = Duration::from_secs(2);
+
+/// A key created through the API, as stored.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StoredKey {
+    pub spec: KeySpec,
+    pub created_at_ms: u64,
+    pub revoked_at_ms: Option<u64>,
+}
+
+/// A publication made through the API, as stored.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StoredPublication {
+    pub workspace: String,
+    pub number: u32,
+    pub policies: String,
+    pub published_at_ms: u64,
+}
+
+/// The registry, read whole.
+#[derive(Debug, Default)]
+pub struct Records {
+    keys: Vec<StoredKey>,
+    publications: Vec<StoredPublication>,
+}
+
+impl Records {
+    pub async fn read(store: &Store) -> Result<Records, StoreError> {
+        let unreadable = |registry: &str, name: &str| {
+            tracing::warn!("registry {registry}: record {name:?} does not parse; ignored");
+        };
+        let mut records = Records::default();
+        for (name, text) in store.registry(Registry::Keys).await? {
+            match serde_json::from_str(&text) {
+                Ok(key) => records.keys.push(key),
+                Err(_) => unreadable("keys", &name),
+            }
+        }
+        for (name, text) in store.registry(Registry::Publications).await? {
+            match serde_json::from_str(&text) {
+                Ok(publication) => records.publications.push(publication),
+                Err(_) => unreadable("publications", &name),
+            }
+        }
+        Ok(records)
+    }
+
+    /// The API keys that are not revoked and still valid against the config's workspaces.
+    pub fn live_keys(&self, workspaces: &[WorkspaceConfig]) -> Vec<KeyConfig> {
+        self.keys
+            .iter()
+            .filter(|k| k.revoked_at_ms.is_none())
+            .filter_map(|k| match KeyConfig::from_spec(k.spec.clone(), workspaces) {
+                Ok(key) => Some(key),
+                Err(problem) => {
+                    tracing::warn!(
+                        "registry key {:?} is no longer valid: {problem}",
+                        k.spec.name
+                    );
+                    None
+                }
+            })
+            .collect()
+    }
+
+    /// The workspace's API publications, parsed (each was checked when it was published).
+    pub fn publications(&self, workspace: &str) -> Vec<Arc<Publication>> {
+        self.publications
+            .iter()
+            .filter(|p| p.workspace == workspace)
+            .filter_map(|p| Publication::parse(p.number, &p.policies).ok().map(Arc::new))
+            .collect()
+    }
+}
+
+pub fn router(gateway: Arc<Gateway>) -> Router {
+    Router::new()
+        .route("/v1/admin/keys", get(list_keys).post(create_key))
+        .route("/v1/admin/keys/{name}", delete(revoke_key))
+        .route(
+            "/v1/admin/workspaces/{id}/publications",
+            get(list_publications).post(publish),
+        )
+        .with_state(gateway)
+}
+
+/// The admin token, compared by hash. Refusals name no detail beyond the cause.
+fn authorize(gateway: &Gateway, headers: &HeaderMap) -> Result<(), Box<Response>> {
+    let Some(admin) = gateway.admin else {
+        return Err(Box::new(error(
+            StatusCode::NOT_FOUND,
+            "admin_disabled",
+            "the admin API is disabled; set [admin] token_hash to enable it",
+        )));
+    };
+    let presented = crate::mcp::single_header(headers, header::AUTHORIZATION.as_str())
+        .ok()
+        .flatten()
+        .and_then(|value| value.strip_prefix("Bearer "));
+    if presented.map(KeyHash::of_token) != Some(admin) {
+        return Err(Box::new(error(
+            StatusCode::UNAUTHORIZED,
+            "unauthenticated",
+            "the admin API needs Authorization: Bearer <admin token>",
+        )));
+    }
+    Ok(())
+}
+
+fn unavailable() -> Response {
+    error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "store_unavailable",
+        "the state store is unavailable",
+    )
+}
+
+fn invalid(message: &str) -> Response {
+    error(StatusCode::BAD_REQUEST, "invalid", message)
+}
+
+/// `obk_` and 192 random bits.
+fn mint_token() -> String {
+    let mut bytes = [0u8; 24];
+    getrandom::fill(&mut bytes).expect("the OS random source is available");
+    format!("obk_{}", hex::encode(bytes))
+}
+
+async fn create_key(
+    State(gateway): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    if let Err(refused) = authorize(&gateway, &headers) {
+        return *refused;
+    }
+    let mut spec: KeySpec = match serde_json::from_slice(&body) {
+        Ok(spec) => spec,
+        Err(e) => return invalid(&format!("the body is not a key spec: {e}")),
+    };
+    if !spec.hash.is_empty() {
+        return invalid("the gateway mints the token; leave `hash` out");
+    }
+    let token = mint_token();
+    spec.hash = KeyHash::of_token(&token).to_string();
+    let key = match KeyConfig::from_spec(spec.clone(), gateway.config_workspaces()) {
+        Ok(key) => key,
+        Err(problem) => return invalid(&problem),
+    };
+    if gateway.config_keys().iter().any(|k| k.name == key.name) {
+        return error(
+            StatusCode::CONFLICT,
+            "conflict",
+            "a key with this name exists",
+        );
+    }
+    let record = StoredKey {
+        spec,
+        created_at_ms: now_ms(),
+        revoked_at_ms: None,
+    };
+    let text = serde_json::to_string(&record).expect("plain data");
+    match gateway
+        .services
+        .store
+        .registry_insert(Registry::Keys, &key.name, &text)
+        .await
+    {
+        Ok(true) => {}
+        Ok(false) => {
+            return error(
+                StatusCode::CONFLICT,
+                "conflict",
+                "a key with this name exists (revoked names are not reused)",
+            );
+        }
+        Err(_) => return unavailable(),
+    }
+    if gateway.refresh_registry().await.is_err() {
+        return unavailable();
+    }
+    tracing::info!(key = %key.name, workspace = %key.workspace, "key created through the admin API");
+    (
+        StatusCode::CREATED,
+        axum::Json(json!({
+            "name": key.name,
+            "token": token,
+            "note": "the token is shown once; only its hash is stored",
+        })),
+    )
+        .into_response()
+}
+
+async fn list_keys(State(gateway): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
+    if let Err(refused) = authorize(&gateway, &headers) {
+        return *refused;
+    }
+    let stored = match gateway.services.store.registry(Registry::Keys).await {
+        Ok(stored) => stored,
+        Err(_) => return unavailable(),
+    };
+    let describe = |spec: &KeySpec, source: &str, revoked_at_ms: Option<u64>| {
+        json!({
+            "name": spec.name,
+            "workspace": spec.workspace,
+            "environment": spec.environment,
+            "allowed_tools": spec.allowed_tools,
+            "scopes": spec.scopes.clone().unwrap_or_else(|| vec!["mcp".into()]),
+            "policy": spec.policy.clone().unwrap_or_else(|| "latest".into()),
+            "source": source,
+            "revoked_at_ms": revoked_at_ms,
+        })
+    };
+    let mut keys: Vec<serde_json::Value> = gateway
+        .config_keys()
+        .iter()
+        .map(|k| {
+            json!({
+                "name": k.name,
+                "workspace": k.workspace,
+                "environment": k.environment.as_str(),
+                "allowed_tools": k.allowed_tools.iter().map(|g| g.as_str()).collect::<Vec<_>>(),
+                "scopes": k.scopes.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
+                "source": "config",
+                "revoked_at_ms": null,
+            })
+        })
+        .collect();
+    for text in stored.values() {
+        if let Ok(record) = serde_json::from_str::<StoredKey>(text) {
+            keys.push(describe(&record.spec, "admin", record.revoked_at_ms));
+        }
+    }
+    axum::Json(json!({ "keys": keys })).into_response()
+}
+
+async fn revoke_key(
+    State(gateway): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Response {
+    if let Err(refused) = authorize(&gateway, &headers) {
+        return *refused;
+    }
+    if gateway.config_keys().iter().any(|k| k.name == name) {
+        return error(
+            StatusCode::CONFLICT,
+            "defined_in_config",
+            "this key is defined in the config file; remove it there and restart",
+        );
+    }
+    let store = &gateway.services.store;
+    let stored = match store.registry(Registry::Keys).await {
+        Ok(stored) => stored,
+        Err(_) => return unavailable(),
+    };
+    let Some(mut record) = stored
+        .get(&name)
+        .and_then(|text| serde_json::from_str::<StoredKey>(text).ok())
+    else {
+        return error(StatusCode::NOT_FOUND, "not_found", "no such key");
+    };
+    let revoked_at_ms = *record.revoked_at_ms.get_or_insert_with(now_ms);
+    let text = serde_json::to_string(&record).expect("plain data");
+    if store
+        .registry_put(Registry::Keys, &name, &text)
+        .await
+        .is_err()
+        || gateway.refresh_registry().await.is_err()
+    {
+        return unavailable();
+    }
+    tracing::info!(key = %name, "key revoked through the admin API");
+    axum::Json(json!({ "name": name, "revoked_at_ms": revoked_at_ms })).into_response()
+}
+
+fn configured<'g>(
+    gateway: &'g Gateway,
+    workspace: &str,
+) -> Result<&'g WorkspaceConfig, Box<Response>> {
+    gateway
+        .config_workspaces()
+        .iter()
+        .find(|w| w.id == workspace)
+        .ok_or_else(|| {
+            Box::new(error(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "no such workspace",
+            ))
+        })
+}
+
+/// The registry name of a publication: sorts by workspace, then number.
+fn publication_name(workspace: &str, number: u32) -> String {
+    format!("{workspace}/{number:010}")
+}
+
+async fn publish(
+    State(gateway): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    Path(workspace): Path<String>,
+    body: String,
+) -> Response {
+    if let Err(refused) = authorize(&gateway, &headers) {
+        return *refused;
+    }
+    let config = match configured(&gateway, &workspace) {
+        Ok(config) => config,
+        Err(missing) => return *missing,
+    };
+    let store = &gateway.services.store;
+    // The next number after every existing one; a concurrent publisher that took it first
+    // makes us try the one after.
+    for _ in 0..8 {
+        let records = match Records::read(store).await {
+            Ok(records) => records,
+            Err(_) => return unavailable(),
+        };
+        let number = config
+            .publications
+            .iter()
+            .map(|p| p.number)
+            .chain(records.publications(&workspace).iter().map(|p| p.number))
+            .max()
+            .map_or(1, |n| n + 1);
+        if let Err(problem) = Publication::parse(number, &body) {
+            return invalid(&problem);
+        }
+        let record = StoredPublication {
+            workspace: workspace.clone(),
+            number,
+            policies: body.clone(),
+            published_at_ms: now_ms(),
+        };
+        let text = serde_json::to_string(&record).expect("plain data");
+        match store
+            .registry_insert(
+                Registry::Publications,
+                &publication_name(&workspace, number),
+                &text,
+            )
+            .await
+        {
+            Ok(true) => {
+                if gateway.refresh_registry().await.is_err() {
+                    return unavailable();
+                }
+                tracing::info!(
+                    workspace,
+                    number,
+                    "policies published through the admin API"
+                );
+                return (
+                    StatusCode::CREATED,
+                    axum::Json(json!({ "workspace": workspace, "number": number })),
+                )
+                    .into_response();
+            }
+            Ok(false) => continue,
+            Err(_) => return unavailable(),
+        }
+    }
+    error(
+        StatusCode::CONFLICT,
+        "conflict",
+        "publications are being made concurrently; try again",
+    )
+}
+
+async fn list_publications(
+    State(gateway): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    Path(workspace): Path<String>,
+) -> Response {
+    if let Err(refused) = authorize(&gateway, &headers) {
+        return *refused;
+    }
+    let config = match configured(&gateway, &workspace) {
+        Ok(config) => config,
+        Err(missing) => return *missing,
+    };
+    let records = match Records::read(&gateway.services.store).await {
+        Ok(records) => records,
+        Err(_) => return unavailable(),
+    };
+    let mut numbers: BTreeMap<u32, &str> = config
+        .publications
+        .iter()
+        .map(|p| (p.number, "config"))
+        .collect();
+    for publication in records.publications(&workspace) {
+        numbers.entry(publication.number).or_insert("admin");
+    }
+    let publications: Vec<_> = numbers
+        .into_iter()
+        .map(|(number, source)| json!({ "number": number, "source": source }))
+        .collect();
+    axum::Json(json!({ "workspace": workspace, "publications": publications })).into_response()
+}

@@ -1,0 +1,470 @@
+//! The owner's inbox: a small server-rendered page where the workspace owner approves or
+//! denies held calls.
+//!
+//! Authentication: the owner signs in once with the workspace's owner token (configured as a
+//! hash, like keys) and gets a session cookie (`HttpOnly`, `SameSite=Strict`, path `/inbox`).
+//! Every decision is a form POST that must carry the session's CSRF token and, when the
+//! browser sends one, an `Origin` equal to the page's own; a forged cross-site post has
+//! neither the cookie nor the token. Pages are served with a CSP that forbids scripts and
+//! framing. Sessions live in the gateway's memory: signing in again after a restart is the
+//! price of keeping owner credentials out of the store.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::{Form, Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Deserialize;
+
+use super::{ApprovalId, Decided, Decision, Ticket, TicketStatus};
+use crate::error::ObolError;
+use crate::gateway::Gateway;
+use crate::policy::KeyHash;
+use crate::store::now_ms;
+
+const COOKIE: &str = "obol_owner";
+const SESSION_TTL: Duration = Duration::from_secs(8 * 3600);
+/// The most tickets one page shows.
+const PAGE: usize = 100;
+
+/// Signed-in owners, by session cookie value.
+#[derive(Debug, Default)]
+pub struct OwnerSessions {
+    live: Mutex<HashMap<String, OwnerSession>>,
+}
+
+#[derive(Debug, Clone)]
+struct OwnerSession {
+    workspace: String,
+    csrf: String,
+    until: Instant,
+}
+
+fn random_hex() -> String {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes).expect("the OS random source is available");
+    hex::encode(bytes)
+}
+
+impl OwnerSessions {
+    fn open(&self, workspace: &str) -> (String, OwnerSession) {
+        let session = OwnerSession {
+            workspace: workspace.to_owned(),
+            csrf: random_hex(),
+            until: Instant::now() + SESSION_TTL,
+        };
+        let id = random_hex();
+        let mut live = self.live.lock().expect("owner sessions");
+        live.retain(|_, s| s.until > Instant::now());
+        live.insert(id.clone(), session.clone());
+        (id, session)
+    }
+
+    fn get(&self, headers: &HeaderMap) -> Option<OwnerSession> {
+        let id = cookie(headers, COOKIE)?;
+        let live = self.live.lock().expect("owner sessions");
+        live.get(id).filter(|s| s.until > Instant::now()).cloned()
+    }
+}
+
+/// Which workspace an owner token opens.
+#[derive(Debug, Default)]
+pub struct Owners {
+    by_hash: HashMap<KeyHash, String>,
+}
+
+impl Owners {
+    pub fn new(owners: impl IntoIterator<Item = (KeyHash, String)>) -> Owners {
+        Owners {
+            by_hash: owners.into_iter().collect(),
+        }
+    }
+
+    fn workspace(&self, token: &str) -> Option<&str> {
+        self.by_hash
+            .get(&KeyHash::of_token(token))
+            .map(String::as_str)
+    }
+}
+
+fn cookie<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v)
+}
+
+pub fn router(gateway: Arc<Gateway>) -> Router {
+    Router::new()
+        .route("/inbox", get(inbox))
+        .route("/inbox/login", post(login))
+        .route("/inbox/{id}", get(inbox_one))
+        .route("/inbox/{id}/decide", post(decide))
+        .with_state(gateway)
+}
+
+async fn inbox(State(gateway): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
+    page_for(&gateway, &headers, None).await
+}
+
+async fn inbox_one(
+    State(gateway): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    page_for(&gateway, &headers, Some(id)).await
+}
+
+async fn page_for(gateway: &Gateway, headers: &HeaderMap, focus: Option<String>) -> Response {
+    let next = match &focus {
+        Some(id) if ApprovalId::parse(id).is_some() => format!("/inbox/{id}"),
+        _ => "/inbox".to_owned(),
+    };
+    let Some(session) = gateway.approvals.sessions.get(headers) else {
+        return html(StatusCode::OK, &login_page(&next, None));
+    };
+    match gateway
+        .services
+        .store
+        .tickets(&session.workspace, PAGE)
+        .await
+    {
+        Ok(tickets) => html(
+            StatusCode::OK,
+            &inbox_page(&session, &tickets, focus.as_deref()),
+        ),
+        Err(_) => html(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &shell("Inbox", "<p>The state store is unavailable; try again.</p>"),
+        ),
+    }
+}
+
+#[derive(Deserialize)]
+struct LoginForm {
+    token: String,
+    #[serde(default)]
+    next: String,
+}
+
+async fn login(
+    State(gateway): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    Form(form): Form<LoginForm>,
+) -> Response {
+    // Only paths inside the inbox: never an open redirect.
+    let next = if form.next.starts_with("/inbox") && !form.next.contains("//") {
+        form.next
+    } else {
+        "/inbox".to_owned()
+    };
+    if !same_origin(&headers) {
+        return html(
+            StatusCode::FORBIDDEN,
+            &shell("Inbox", "<p>Cross-site sign-in refused.</p>"),
+        );
+    }
+    let Some(workspace) = gateway.approvals.owners.workspace(&form.token) else {
+        tracing::warn!("inbox sign-in refused: unknown owner token");
+        return html(
+            StatusCode::UNAUTHORIZED,
+            &login_page(&next, Some("That owner token is not valid.")),
+        );
+    };
+    let (id, _) = gateway.approvals.sessions.open(workspace);
+    tracing::info!(workspace, "owner signed in to the inbox");
+    let secure = if gateway.approvals.public_url.starts_with("https://") {
+        "; Secure"
+    } else {
+        ""
+    };
+    let mut response = redirect(&next);
+    response.headers_mut().insert(
+        header::SET_COOKIE,
+        HeaderValue::from_str(&format!(
+            "{COOKIE}={id}; HttpOnly; SameSite=Strict; Path=/inbox; Max-Age={}{secure}",
+            SESSION_TTL.as_secs()
+        ))
+        .expect("ASCII"),
+    );
+    response
+}
+
+#[derive(Deserialize)]
+struct DecideForm {
+    csrf: String,
+    decision: String,
+}
+
+async fn decide(
+    State(gateway): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Form(form): Form<DecideForm>,
+) -> Response {
+    let Some(session) = gateway.approvals.sessions.get(&headers) else {
+        return html(
+            StatusCode::UNAUTHORIZED,
+            &login_page("/inbox", Some("Sign in to decide.")),
+        );
+    };
+    if !same_origin(&headers) || !constant_time_eq(form.csrf.as_bytes(), session.csrf.as_bytes()) {
+        tracing::warn!("inbox decision refused: CSRF check failed");
+        return html(
+            StatusCode::FORBIDDEN,
+            &shell(
+                "Inbox",
+                "<p>This form is stale or did not come from the inbox. Reload the inbox and try again.</p>",
+            ),
+        );
+    }
+    let decision = match form.decision.as_str() {
+        "approve" => Decision::Approved,
+        "deny" => Decision::Denied,
+        _ => {
+            return html(
+                StatusCode::BAD_REQUEST,
+                &shell("Inbox", "<p>Unknown decision.</p>"),
+            );
+        }
+    };
+    let not_found = || {
+        html(
+            StatusCode::NOT_FOUND,
+            &shell("Inbox", "<p>No such approval in this workspace.</p>"),
+        )
+    };
+    let Some(id) = ApprovalId::parse(&id) else {
+        return not_found();
+    };
+    let store = &gateway.services.store;
+    let ticket = match store.ticket(&id).await {
+        Ok(Some(ticket)) if ticket.workspace == session.workspace => ticket,
+        Ok(_) => return not_found(),
+        Err(_) => return unavailable(),
+    };
+    if ticket.expired(now_ms()) {
+        return html(
+            StatusCode::CONFLICT,
+            &shell(
+                "Inbox",
+                "<p>This approval has expired; the agent must make the call again.</p>",
+            ),
+        );
+    }
+    match store.decide_ticket(&id, decision, now_ms()).await {
+        Ok(Decided::Now(ticket)) => {
+            tracing::info!(approval = %ticket.id, tool = %ticket.tool, ?decision, "owner decided");
+            // A denial ends the hold at once, with its receipt; an approval waits for the
+            // agent to resume.
+            if decision == Decision::Denied {
+                let settled =
+                    crate::invoke::settle_held(store, &ticket, ObolError::ApprovalDenied).await;
+                if settled != ObolError::ApprovalDenied {
+                    tracing::warn!(approval = %ticket.id, "denial recorded; the held slot is settled on the agent's next call ({settled})");
+                }
+            }
+            redirect(&format!("/inbox/{id}"))
+        }
+        Ok(Decided::Already(_)) => redirect(&format!("/inbox/{id}")),
+        Ok(Decided::Missing) => not_found(),
+        Err(_) => unavailable(),
+    }
+}
+
+fn unavailable() -> Response {
+    html(
+        StatusCode::SERVICE_UNAVAILABLE,
+        &shell("Inbox", "<p>The state store is unavailable; try again.</p>"),
+    )
+}
+
+/// A browser's form post names its page's origin; it must be this host's.
+fn same_origin(headers: &HeaderMap) -> bool {
+    let Some(origin) = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()) else {
+        // Not a browser's cross-site post (those always carry Origin); the CSRF token and
+        // the SameSite cookie still apply.
+        return true;
+    };
+    let Some(host) = headers.get(header::HOST).and_then(|v| v.to_str().ok()) else {
+        return false;
+    };
+    origin
+        .split_once("://")
+        .is_some_and(|(_, authority)| authority == host)
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn redirect(to: &str) -> Response {
+    let mut response = StatusCode::SEE_OTHER.into_response();
+    response
+        .headers_mut()
+        .insert(header::LOCATION, HeaderValue::from_str(to).expect("ASCII"));
+    response
+}
+
+fn html(status: StatusCode, body: &str) -> Response {
+    let mut response = (status, body.to_owned()).into_response();
+    let headers = response.headers_mut();
+    for (name, value) in [
+        (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+        (
+            header::CONTENT_SECURITY_POLICY,
+            "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'",
+        ),
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        // `same-origin`, not `no-referrer`: with the latter a browser sends `Origin: null` on
+        // its own form posts, which the origin check must refuse.
+        (header::REFERRER_POLICY, "same-origin"),
+        (header::CACHE_CONTROL, "no-store"),
+        (header::X_FRAME_OPTIONS, "DENY"),
+    ] {
+        headers.insert(name, HeaderValue::from_static(value));
+    }
+    response
+}
+
+fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+fn shell(title: &str, body: &str) -> String {
+    format!(
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Obol · {}</title>\
+         <style>body{{font:15px system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem}}\
+         table{{border-collapse:collapse;width:100%}}td,th{{text-align:left;padding:.4rem;border-bottom:1px solid #ddd;vertical-align:top}}\
+         tr.focus{{background:#fff6d5}}button{{margin-right:.4rem}}.status{{font-weight:600}}</style></head>\
+         <body><h1>Obol approvals</h1>{body}</body></html>",
+        escape(title)
+    )
+}
+
+fn login_page(next: &str, problem: Option<&str>) -> String {
+    let problem = problem
+        .map(|p| format!("<p id=\"problem\" role=\"alert\">{}</p>", escape(p)))
+        .unwrap_or_default();
+    shell(
+        "Sign in",
+        &format!(
+            "{problem}<form method=\"post\" action=\"/inbox/login\">\
+             <label>Owner token <input type=\"password\" name=\"token\" id=\"token\" autocomplete=\"off\" required></label>\
+             <input type=\"hidden\" name=\"next\" value=\"{}\">\
+             <button type=\"submit\" id=\"sign-in\">Sign in</button></form>",
+            escape(next)
+        ),
+    )
+}
+
+fn age(created_at_ms: u64, now: u64) -> String {
+    let secs = now.saturating_sub(created_at_ms) / 1000;
+    match secs {
+        0..60 => format!("{secs} s ago"),
+        60..3600 => format!("{} min ago", secs / 60),
+        _ => format!("{} h ago", secs / 3600),
+    }
+}
+
+fn inbox_page(session: &OwnerSession, tickets: &[Ticket], focus: Option<&str>) -> String {
+    let now = now_ms();
+    let mut rows = String::new();
+    for ticket in tickets {
+        let id = ticket.id.as_str();
+        let status = match ticket.status {
+            _ if ticket.expired(now) => "expired",
+            TicketStatus::Pending => "pending",
+            TicketStatus::Approved { .. } => "approved",
+            TicketStatus::Denied { .. } => "denied",
+        };
+        let actions = if status == "pending" {
+            format!(
+                "<form method=\"post\" action=\"/inbox/{id}/decide\">\
+                 <input type=\"hidden\" name=\"csrf\" value=\"{}\">\
+                 <button type=\"submit\" name=\"decision\" value=\"approve\" id=\"approve-{id}\">Approve</button>\
+                 <button type=\"submit\" name=\"decision\" value=\"deny\" id=\"deny-{id}\">Deny</button></form>",
+                escape(&session.csrf)
+            )
+        } else {
+            String::new()
+        };
+        let summary = ticket
+            .summary
+            .iter()
+            .map(|line| escape(line))
+            .collect::<Vec<_>>()
+            .join("<br>");
+        rows.push_str(&format!(
+            "<tr id=\"ticket-{id}\"{}><td><code>{}</code><br><small>{}</small></td><td>{}</td><td>{summary}</td>\
+             <td>{}</td><td>{}</td><td class=\"status\" id=\"status-{id}\">{status}</td><td>{actions}</td></tr>",
+            if focus == Some(id) { " class=\"focus\"" } else { "" },
+            escape(&ticket.tool),
+            escape(id),
+            escape(&ticket.connection),
+            escape(&ticket.key_name),
+            age(ticket.created_at_ms, now),
+        ));
+    }
+    if rows.is_empty() {
+        rows = "<tr><td colspan=\"7\">No approvals yet.</td></tr>".into();
+    }
+    shell(
+        "Inbox",
+        &format!(
+            "<p>Workspace <strong>{}</strong>. Approving lets the agent's next identical call run once; denying ends it.</p>\
+             <table><thead><tr><th>Tool</th><th>Connection</th><th>Arguments (redacted)</th><th>Key</th><th>Age</th><th>Status</th><th></th></tr></thead>\
+             <tbody>{rows}</tbody></table>",
+            escape(&session.workspace)
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn markup_is_escaped() {
+        assert_eq!(
+            escape("<script>\"x\"&'"),
+            "&lt;script&gt;&quot;x&quot;&amp;&#39;"
+        );
+    }
+
+    #[test]
+    fn cookies_are_found_among_others() {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::COOKIE, "a=1; obol_owner=abc; b=2".parse().unwrap());
+        assert_eq!(cookie(&headers, COOKIE), Some("abc"));
+    }
+
+    #[test]
+    fn cross_site_posts_are_refused() {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::HOST, "127.0.0.1:8780".parse().unwrap());
+        headers.insert(header::ORIGIN, "http://127.0.0.1:8780".parse().unwrap());
+        assert!(same_origin(&headers));
+        headers.insert(header::ORIGIN, "http://evil.example".parse().unwrap());
+        assert!(!same_origin(&headers));
+    }
+}

@@ -1,0 +1,280 @@
+//! Operators manage keys and publish policies on a running gateway (`obol keys`,
+//! `obol policies`, the admin API): changes take effect without a restart and survive one.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::support::gateway::{Key, run_obol};
+use crate::support::{
+    GatewayConfig, GatewayProcess, McpClient, MockVendor, RawMcp, RedisServer, TOKEN, key_hash,
+};
+
+const ADMIN: &str = "oba_test_admin_token";
+
+fn admin_config(vendor: &MockVendor) -> GatewayConfig {
+    let mut config = GatewayConfig::new(&vendor.base_url());
+    config.extra = format!("\n[admin]\ntoken_hash = \"{}\"\n", key_hash(ADMIN));
+    config
+}
+
+fn base(gateway: &GatewayProcess) -> String {
+    gateway.url.trim_end_matches("/mcp").to_owned()
+}
+
+/// Runs `obol` against the gateway's admin API; returns (exit code, JSON answer).
+fn obol(gateway: &GatewayProcess, args: &[&str]) -> (i32, Value) {
+    let url = base(gateway);
+    let mut full: Vec<&str> = args.to_vec();
+    full.extend(["--url", url.as_str(), "--admin-token", ADMIN]);
+    let (code, out, err) = run_obol(&full);
+    let answer = serde_json::from_str(&out).unwrap_or_else(|_| panic!("{out}\n{err}"));
+    (code, answer)
+}
+
+/// `obol keys create` with a name, a workspace, one glob and any further flags.
+fn create(
+    gateway: &GatewayProcess,
+    name: &str,
+    workspace: &str,
+    allow: &str,
+    more: &[&str],
+) -> (i32, Value) {
+    let mut args = vec![
+        "keys",
+        "create",
+        "--name",
+        name,
+        "--workspace",
+        workspace,
+        "--allow",
+        allow,
+    ];
+    args.extend_from_slice(more);
+    obol(gateway, &args)
+}
+
+async fn initialize_status(gateway: &GatewayProcess, token: &str) -> u16 {
+    RawMcp::new(&gateway.url)
+        .initialize(token, "2025-11-25")
+        .await
+        .1
+        .status
+}
+
+#[tokio::test]
+async fn keys_are_created_listed_and_revoked_without_a_restart() {
+    let vendor = MockVendor::start().await;
+    let gateway = GatewayProcess::start(&admin_config(&vendor));
+
+    // Only the admin token opens the admin API; a virtual key does not.
+    let http = reqwest::Client::new();
+    for token in [TOKEN, "wrong"] {
+        let refused = http
+            .get(format!("{}/v1/admin/keys", base(&gateway)))
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(refused.status(), 401);
+    }
+
+    let (code, created) = create(
+        &gateway,
+        "ci-bot",
+        "acme",
+        "tracker.*",
+        &["--scope", "mcp", "--scope", "receipts"],
+    );
+    assert_eq!(code, 0, "{created}");
+    let token = created["token"].as_str().unwrap().to_owned();
+    assert!(token.starts_with("obk_"));
+    // The new key works at once and sees what its globs allow.
+    let client = McpClient::connect(&gateway.url, &token).await;
+    assert_eq!(
+        client.tool_names().await,
+        vec![
+            "tracker.issues.close",
+            "tracker.issues.create",
+            "tracker.issues.get"
+        ]
+    );
+    client.close().await;
+
+    // Listed with the config's keys, never with a hash or a token.
+    let (code, listed) = obol(&gateway, &["keys", "list"]);
+    assert_eq!(code, 0);
+    let names: Vec<&str> = listed["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.contains(&"key-0") && names.contains(&"ci-bot"),
+        "{names:?}"
+    );
+    let text = listed.to_string();
+    assert!(
+        !text.contains("sha256:") && !text.contains(&token),
+        "{text}"
+    );
+
+    // Refused with a specific reason: a bad spec, a taken name, a config key's revocation.
+    let (code, bad) = create(&gateway, "x", "nowhere", "*", &[]);
+    assert_eq!((code, bad["error"]["type"].as_str()), (1, Some("invalid")));
+    assert!(
+        bad["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("nowhere")
+    );
+    let (code, taken) = create(&gateway, "ci-bot", "acme", "*", &[]);
+    assert_eq!(
+        (code, taken["error"]["type"].as_str()),
+        (1, Some("conflict"))
+    );
+    let (code, config_key) = obol(&gateway, &["keys", "revoke", "key-0"]);
+    assert_eq!(
+        (code, config_key["error"]["type"].as_str()),
+        (1, Some("defined_in_config"))
+    );
+
+    // A second key, kept, to check persistence; then revoke the first: refused at once.
+    let (_, kept) = create(&gateway, "kept", "acme", "stripe.*", &[]);
+    let kept = kept["token"].as_str().unwrap().to_owned();
+    let (code, revoked) = obol(&gateway, &["keys", "revoke", "ci-bot"]);
+    assert_eq!(code, 0, "{revoked}");
+    assert_eq!(initialize_status(&gateway, &token).await, 401);
+
+    // Both decisions survive a restart.
+    let dir = gateway.kill();
+    let gateway = GatewayProcess::start_in(&admin_config(&vendor), dir);
+    assert_eq!(initialize_status(&gateway, &token).await, 401);
+    assert_eq!(initialize_status(&gateway, &kept).await, 200);
+}
+
+#[tokio::test]
+async fn publishing_policies_takes_effect_without_a_restart() {
+    let vendor = MockVendor::start().await;
+    let mut config = admin_config(&vendor);
+    config.publications = vec![(
+        1,
+        r#"@id("all") permit(principal, action, resource);"#.into(),
+    )];
+    let mut pinned = Key::new("obk_pinned", "acme", &["stripe.*"]);
+    pinned.policy = Some("1".into());
+    config.keys.push(pinned);
+    config
+        .keys
+        .push(Key::new("obk_latest", "acme", &["stripe.*"]));
+    let gateway = GatewayProcess::start(&config);
+    let names = |token: &'static str| {
+        let url = gateway.url.clone();
+        async move { McpClient::connect(&url, token).await.tool_names().await }
+    };
+    assert!(
+        names("obk_latest")
+            .await
+            .contains(&"stripe.charges.list".to_owned())
+    );
+
+    // Cedar that does not parse is refused and uses up no number.
+    let cedar = gateway.dir.path().join("bad.cedar");
+    std::fs::write(&cedar, "permit(principal, action, resource").unwrap();
+    let (code, bad) = obol(
+        &gateway,
+        &[
+            "policies",
+            "publish",
+            "--workspace",
+            "acme",
+            cedar.to_str().unwrap(),
+        ],
+    );
+    assert_eq!((code, bad["error"]["type"].as_str()), (1, Some("invalid")));
+
+    let cedar = gateway.dir.path().join("no-listing.cedar");
+    std::fs::write(
+        &cedar,
+        r#"@id("all") permit(principal, action, resource);
+@id("no-charges") forbid(principal, action == Obol::Action::"call", resource == Obol::Tool::"stripe.charges.list");"#,
+    )
+    .unwrap();
+    let (code, published) = obol(
+        &gateway,
+        &[
+            "policies",
+            "publish",
+            "--workspace",
+            "acme",
+            cedar.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(code, 0, "{published}");
+    assert_eq!(published["number"], json!(2));
+
+    // `latest` moved to 2; a key pinned to 1 did not.
+    assert!(
+        !names("obk_latest")
+            .await
+            .contains(&"stripe.charges.list".to_owned())
+    );
+    assert!(
+        names("obk_pinned")
+            .await
+            .contains(&"stripe.charges.list".to_owned())
+    );
+    let (_, listed) = obol(&gateway, &["policies", "list", "--workspace", "acme"]);
+    assert_eq!(
+        listed["publications"],
+        json!([{"number": 1, "source": "config"}, {"number": 2, "source": "admin"}])
+    );
+
+    // And after a restart.
+    let dir = gateway.kill();
+    let gateway = GatewayProcess::start_in(&config, dir);
+    let client = McpClient::connect(&gateway.url, "obk_latest").await;
+    assert!(
+        !client
+            .tool_names()
+            .await
+            .contains(&"stripe.charges.list".to_owned())
+    );
+}
+
+#[tokio::test]
+async fn gateways_sharing_redis_see_each_others_keys() {
+    let vendor = MockVendor::start().await;
+    let redis = RedisServer::start();
+    let mut config = admin_config(&vendor);
+    config.store = Some(format!("redis_url = {:?}", redis.url()));
+    let (a, b) = (
+        GatewayProcess::start(&config),
+        GatewayProcess::start(&config),
+    );
+    let (code, created) = create(&a, "shared", "acme", "*", &[]);
+    assert_eq!(code, 0, "{created}");
+    let token = created["token"].as_str().unwrap().to_owned();
+    assert_eq!(initialize_status(&a, &token).await, 200);
+    // B learns of it by polling the registry (every 2 s).
+    let mut seen = false;
+    for _ in 0..60 {
+        if initialize_status(&b, &token).await == 200 {
+            seen = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(seen, "the second gateway never accepted the key");
+    obol(&a, &["keys", "revoke", "shared"]);
+    let mut refused = false;
+    for _ in 0..60 {
+        if initialize_status(&b, &token).await == 401 {
+            refused = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(refused, "the second gateway kept accepting a revoked key");
+}
