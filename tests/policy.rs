@@ -140,7 +140,8 @@ async fn tools_of_another_environment_are_invisible() {
     assert_eq!(names(&gateway, TOKEN).await, Vec::<String>::new());
 }
 
-/// Every reason a call finds no tool answers the same bytes and the same headers.
+/// Every reason a call finds no tool answers the same bytes and the same headers; the owner's
+/// receipts tell the reasons apart.
 #[tokio::test]
 async fn unknown_tool_is_byte_identical_whatever_the_cause() {
     let vendor = MockVendor::start().await;
@@ -148,6 +149,12 @@ async fn unknown_tool_is_byte_identical_whatever_the_cause() {
     let mut key = Key::new("obk_narrow", "acme", &["stripe.*", "hostile.*"]);
     key.filter = Some("tool.connector != 'hostile'".into());
     config.keys.push(key);
+    config.publications = vec![(
+        1,
+        r#"@id("all") permit(principal, action, resource);
+@id("narrow-no-refunds") forbid(principal == Obol::Key::"key-2", action == Obol::Action::"call", resource == Obol::Tool::"stripe.create_refund");"#
+            .into(),
+    )];
     let gateway = GatewayProcess::start(&config);
     let raw = RawMcp::new(&gateway.url);
     let (session, _) = raw.initialize("obk_narrow", "2025-11-25").await;
@@ -158,6 +165,7 @@ async fn unknown_tool_is_byte_identical_whatever_the_cause() {
         ("not routable", "nosuch.tool"),
         ("hidden by the key's globs", "tracker.issues.get"),
         ("hidden by the key's filter", "hostile.echo"),
+        ("denied by Cedar", "stripe.create_refund"),
     ] {
         let r = raw
             .request(
@@ -186,6 +194,56 @@ async fn unknown_tool_is_byte_identical_whatever_the_cause() {
         assert_eq!((*s, h, b), (status, &headers, &body), "{cause}");
     }
     assert!(vendor.seen().is_empty());
+
+    // The owner's receipts carry the real reasons (written in the background).
+    let url = gateway.url.replace("/mcp", "/v1/receipts");
+    let mut notes = Vec::new();
+    for _ in 0..50 {
+        let listed: serde_json::Value = reqwest::Client::new()
+            .get(&url)
+            .bearer_auth("obk_narrow")
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        notes = listed["receipts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                (
+                    r["tool"].as_str().unwrap().to_owned(),
+                    r["note"].as_str().unwrap_or_default().to_owned(),
+                    r["matched_policies"].clone(),
+                )
+            })
+            .collect();
+        if notes.len() == answers.len() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let note = |tool: &str| {
+        notes
+            .iter()
+            .find(|(t, _, _)| t == tool)
+            .cloned()
+            .unwrap_or_else(|| panic!("no receipt for {tool}: {notes:?}"))
+    };
+    assert!(note("no-dot-here").1.contains("malformed"));
+    assert!(
+        note("stripe.no_such_tool")
+            .1
+            .contains("no loaded connector")
+    );
+    assert!(note("tracker.issues.get").1.contains("allowed_tools"));
+    assert!(note("hostile.echo").1.contains("CEL filter"));
+    let cedar = note("stripe.create_refund");
+    assert!(cedar.1.contains("Cedar publication 1"), "{cedar:?}");
+    // `all` permitted listing; the forbid decided the call.
+    assert_eq!(cedar.2, json!(["all", "narrow-no-refunds"]));
 }
 
 const PUBLICATION_1: &str = r#"

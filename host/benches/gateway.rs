@@ -177,6 +177,7 @@ async fn store_alone(redis: &Redis) {
                 policy_publication: None,
                 matched_policies: Vec::new(),
                 approval_id: None,
+                key_name: None,
                 created_at_ms: now_ms(),
                 finalized_at_ms: now_ms(),
             };

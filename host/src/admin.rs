@@ -383,6 +383,8 @@ async fn publish(
                 if gateway.refresh_registry().await.is_err() {
                     return unavailable();
                 }
+                let warming = Arc::clone(&gateway);
+                tokio::task::spawn_blocking(move || warming.warm_views());
                 tracing::info!(
                     workspace,
                     number,

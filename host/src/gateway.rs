@@ -194,6 +194,26 @@ impl Gateway {
         Ok(())
     }
 
+    /// Decides every key's view of the current snapshot, so that no agent's first
+    /// `tools/list` after a start, reload or publication pays for evaluating every tool.
+    /// Blocking (CPU-bound): run it off the async workers.
+    pub fn warm_views(&self) {
+        let catalog = self.catalog();
+        let keys = self.keys();
+        let started = std::time::Instant::now();
+        let mut warmed = 0;
+        for key in keys.all() {
+            // Without publications a view is the prefilter alone: cheap on first use.
+            if catalog.policies.has_workspace(&key.workspace) {
+                catalog.view(key);
+                warmed += 1;
+            }
+        }
+        if warmed > 0 {
+            tracing::debug!(keys = warmed, elapsed = ?started.elapsed(), "decided each key's view ahead of its first listing");
+        }
+    }
+
     /// The current snapshot; a call keeps the one it started with.
     pub fn catalog(&self) -> Arc<Catalog> {
         Arc::clone(&self.catalog.read().expect("catalog lock"))
@@ -287,21 +307,34 @@ pub async fn serve(config: Config, listener: TcpListener) -> anyhow::Result<()> 
             loop {
                 ticks.tick().await;
                 let gateway = Arc::clone(&watcher);
-                let _ = tokio::task::spawn_blocking(move || gateway.reload()).await;
+                let _ = tokio::task::spawn_blocking(move || {
+                    if gateway.reload() {
+                        gateway.warm_views();
+                    }
+                })
+                .await;
             }
         });
     }
     // Keys and publications made through the admin API, before the first request. With a
     // shared store, other gateways' changes arrive by polling.
     gateway.refresh_registry().await?;
+    let warming = Arc::clone(&gateway);
+    tokio::task::spawn_blocking(move || warming.warm_views());
     if matches!(gateway.services.store, Store::Redis(_)) {
         let poller = Arc::clone(&gateway);
         tokio::spawn(async move {
             let mut ticks = tokio::time::interval(crate::admin::REGISTRY_POLL);
             loop {
                 ticks.tick().await;
-                if let Err(error) = poller.refresh_registry().await {
-                    tracing::warn!("could not read the key and policy registry: {error}");
+                match poller.refresh_registry().await {
+                    Ok(()) => {
+                        let warming = Arc::clone(&poller);
+                        let _ = tokio::task::spawn_blocking(move || warming.warm_views()).await;
+                    }
+                    Err(error) => {
+                        tracing::warn!("could not read the key and policy registry: {error}")
+                    }
                 }
             }
         });

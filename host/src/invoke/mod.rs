@@ -121,7 +121,10 @@ async fn prepare_call(
     request: CallRequest,
 ) -> Result<Call, ObolError> {
     // Route + authorize. Every way of not finding a callable tool is the same answer.
-    let (route, verdict) = route(catalog, key, &request.name).ok_or(ObolError::UnknownTool)?;
+    let Some((route, verdict)) = route(catalog, key, &request.name) else {
+        record_refusal(services, catalog, key, &request.name, &request.arguments);
+        return Err(ObolError::UnknownTool);
+    };
     let tool = route.tool();
     let arguments = Value::Object(request.arguments);
 
@@ -844,6 +847,73 @@ fn outcome_class(class: StatusClass) -> OutcomeClass {
         StatusClass::DefinitelyRejected => OutcomeClass::DefinitelyRejected,
         StatusClass::Retryable | StatusClass::Unknown => OutcomeClass::Unknown,
     }
+}
+
+/// Records why a call was answered `Unknown tool`, for the owner. The client's answer is the
+/// same bytes whatever the reason; the receipt is written in the background so that the
+/// answer does not wait on it either.
+fn record_refusal(
+    services: &Services,
+    catalog: &Catalog,
+    key: &VirtualKey,
+    name: &str,
+    arguments: &Map<String, Value>,
+) {
+    // The name is the client's: keep a bounded prefix of it.
+    let shown: String = name.chars().take(200).collect();
+    let mut connection = None;
+    let mut verdict = None;
+    let reason = match ToolName::parse(name) {
+        None => "the tool name is malformed".to_owned(),
+        Some(parsed) => match catalog.route(&key.workspace, parsed.as_str()) {
+            None => {
+                let exists = catalog.connectors.iter().any(|(connector, loaded)| {
+                    connector.as_str() == parsed.connector()
+                        && loaded
+                            .manifest
+                            .tools
+                            .iter()
+                            .any(|t| t.upstream_name == parsed.upstream())
+                });
+                if exists {
+                    "no connection of the workspace routes this connector".to_owned()
+                } else {
+                    "no loaded connector has this tool".to_owned()
+                }
+            }
+            Some(route) => {
+                connection = Some(route.connection.id.clone());
+                match crate::policy::prefilter_refusal(key, route) {
+                    Some(rule) => format!("hidden by the prefilter: {rule}"),
+                    None => {
+                        let decided = catalog.policies.decide(key, route, false);
+                        let reason = match decided.publication {
+                            Some(number) => format!("denied by Cedar publication {number}"),
+                            None => {
+                                "the key is pinned to a publication that does not exist".to_owned()
+                            }
+                        };
+                        verdict = Some(decided);
+                        reason
+                    }
+                }
+            }
+        },
+    };
+    let receipt = receipt::refused(
+        key,
+        &shown,
+        connection.as_deref(),
+        &Value::Object(arguments.clone()),
+        reason,
+        verdict.as_ref(),
+    );
+    let store = services.store.clone();
+    tokio::spawn(async move {
+        if let Err(error) = store.record_refusal(&receipt).await {
+            tracing::warn!(receipt = %receipt.id, "could not record a refusal: {error}");
+        }
+    });
 }
 
 /// Finds the route for a name the key may call, with the policy verdict that allowed it.

@@ -51,6 +51,7 @@ pub fn build(
         policy_publication: call.verdict.publication,
         matched_policies: call.verdict.policies.clone(),
         approval_id: call.approval.as_ref().map(|g| g.approval_id.to_string()),
+        key_name: Some(call.key_name.clone()),
         created_at_ms: record.created_at_ms,
         finalized_at_ms: now_ms(),
     }
@@ -81,7 +82,42 @@ pub fn held(ticket: &Ticket, record: &ClaimRecord, note: &str) -> Receipt {
         policy_publication: ticket.policy_publication,
         matched_policies: ticket.policies.clone(),
         approval_id: Some(ticket.id.to_string()),
+        key_name: Some(ticket.key_name.clone()),
         created_at_ms: record.created_at_ms,
         finalized_at_ms: now_ms(),
+    }
+}
+
+/// The receipt of a call refused as `Unknown tool`: the real reason, for the owner only.
+pub fn refused(
+    key: &crate::policy::VirtualKey,
+    tool: &str,
+    connection: Option<&str>,
+    arguments: &serde_json::Value,
+    reason: String,
+    verdict: Option<&crate::policy::Verdict>,
+) -> Receipt {
+    let now = now_ms();
+    Receipt {
+        id: new_id(),
+        workspace: key.workspace.clone(),
+        idempotency_key: String::new(),
+        key_source: KeySource::Minted,
+        tool: tool.to_owned(),
+        connection: connection.unwrap_or_default().to_owned(),
+        request_hash: crate::idempotency::RequestHash::of_arguments(arguments).to_string(),
+        fingerprint: String::new(),
+        attempt_count: 0,
+        outcome: OutcomeClass::DefinitelyRejected,
+        vendor_status: None,
+        evidence: EvidenceClass::GatewayObserved,
+        verification: Verification::Verified,
+        note: Some(reason),
+        policy_publication: verdict.and_then(|v| v.publication),
+        matched_policies: verdict.map(|v| v.policies.clone()).unwrap_or_default(),
+        approval_id: None,
+        key_name: Some(key.name.clone()),
+        created_at_ms: now,
+        finalized_at_ms: now,
     }
 }

@@ -10,13 +10,11 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::str::FromStr;
-use std::sync::Arc;
-
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock, Mutex};
 
 use cedar_policy::{
-    Authorizer, Context, Decision, Entities, Entity, EntityId, EntityTypeName, EntityUid,
-    PolicySet, Request, RestrictedExpression,
+    ActionConstraint, Authorizer, Context, Decision, Entities, Entity, EntityId, EntityTypeName,
+    EntityUid, Policy, PolicySet, Request, RestrictedExpression,
 };
 
 /// Entity type names and action ids, parsed once: Cedar's parser is far slower than the
@@ -73,13 +71,94 @@ impl PolicyPin {
 pub struct Publication {
     pub number: u32,
     policies: PolicySet,
+    /// Each static policy with the connector its `when` conditions pin, if any.
+    sliceable: Option<Vec<(Policy, Option<String>)>>,
+    /// The policies that can apply to a tool of a connector, per action, built on first use.
+    /// A policy whose `when` requires `resource.connector == "x"` can neither permit nor
+    /// forbid a tool of another connector, so leaving it out changes no decision and saves
+    /// evaluating it (ADR-0005).
+    slices: Mutex<HashMap<(String, usize), Arc<PolicySet>>>,
 }
 
 impl Publication {
     pub fn parse(number: u32, text: &str) -> Result<Publication, String> {
         let policies = PolicySet::from_str(text)
             .map_err(|e| format!("publication {number} does not parse: {e}"))?;
-        Ok(Publication { number, policies })
+        // Templates would need linking to analyse; a publication with any is never sliced.
+        let sliceable = (policies.templates().next().is_none()).then(|| {
+            policies
+                .policies()
+                .map(|p| (p.clone(), pinned_connector(p)))
+                .collect()
+        });
+        Ok(Publication {
+            number,
+            policies,
+            sliceable,
+            slices: Mutex::default(),
+        })
+    }
+
+    /// The policies that can decide `action` (an index into the action names) on a tool of
+    /// `connector`.
+    fn slice(&self, connector: &str, action: usize, uid: &EntityUid) -> Arc<PolicySet> {
+        let Some(sliceable) = &self.sliceable else {
+            return Arc::new(self.policies.clone());
+        };
+        let key = (connector.to_owned(), action);
+        if let Some(slice) = self.slices.lock().expect("slices").get(&key) {
+            return Arc::clone(slice);
+        }
+        let mut slice = PolicySet::new();
+        for (policy, pinned) in sliceable {
+            let connector_may_match = pinned.as_deref().is_none_or(|c| c == connector);
+            let action_may_match = match policy.action_constraint() {
+                ActionConstraint::Any => true,
+                ActionConstraint::Eq(a) => &a == uid,
+                // Action groups are not used by Obol's actions; keep such policies.
+                ActionConstraint::In(_) => true,
+            };
+            if connector_may_match && action_may_match {
+                slice
+                    .add(policy.clone())
+                    .expect("ids are unique within one publication");
+            }
+        }
+        let slice = Arc::new(slice);
+        self.slices
+            .lock()
+            .expect("slices")
+            .insert(key, Arc::clone(&slice));
+        slice
+    }
+}
+
+/// The connector a policy's `when` conditions require by a top-level conjunct
+/// `resource.connector == "<literal>"` (either way round). `unless` clauses never pin.
+fn pinned_connector(policy: &Policy) -> Option<String> {
+    let json = policy.to_json().ok()?;
+    json["conditions"]
+        .as_array()?
+        .iter()
+        .filter(|c| c["kind"] == "when")
+        .find_map(|c| conjunct_connector(&c["body"]))
+}
+
+fn conjunct_connector(expr: &serde_json::Value) -> Option<String> {
+    if let Some(and) = expr.get("&&") {
+        return conjunct_connector(&and["left"]).or_else(|| conjunct_connector(&and["right"]));
+    }
+    let eq = expr.get("==")?;
+    let is_connector = |e: &serde_json::Value| {
+        e["."]["attr"] == "connector" && e["."]["left"]["Var"] == "resource"
+    };
+    let literal = |e: &serde_json::Value| e["Value"].as_str().map(str::to_owned);
+    if is_connector(&eq["left"]) {
+        literal(&eq["right"])
+    } else if is_connector(&eq["right"]) {
+        literal(&eq["left"])
+    } else {
+        None
     }
 }
 
@@ -137,6 +216,17 @@ impl Policies {
     /// `needs_approval` (a destructive production tool) additionally asks whether a policy
     /// waives the approval; without publications nothing can.
     pub fn decide(&self, key: &VirtualKey, route: &Route, needs_approval: bool) -> Verdict {
+        self.decide_with(key, route, needs_approval, true)
+    }
+
+    /// `sliced: false` evaluates every policy; the property test checks both agree.
+    pub(super) fn decide_with(
+        &self,
+        key: &VirtualKey,
+        route: &Route,
+        needs_approval: bool,
+        sliced: bool,
+    ) -> Verdict {
         let unwaived = if needs_approval {
             ApprovalRule::Required
         } else {
@@ -160,7 +250,12 @@ impl Policies {
         let Ok((entities, principal, resource)) = entities(key, route) else {
             return refused(Some(publication.number));
         };
-        let evaluate = |action: &EntityUid, policies: &mut Vec<String>| -> bool {
+        let evaluate = |index: usize, action: &EntityUid, policies: &mut Vec<String>| -> bool {
+            let slice = if sliced {
+                publication.slice(route.name.connector(), index, action)
+            } else {
+                Arc::new(publication.policies.clone())
+            };
             let Ok(request) = Request::new(
                 principal.clone(),
                 action.clone(),
@@ -170,14 +265,21 @@ impl Policies {
             ) else {
                 return false;
             };
-            let response =
-                Authorizer::new().is_authorized(&request, &publication.policies, &entities);
-            for id in response.diagnostics().reason() {
-                // Operators name policies with `@id("…")`; Cedar's own ids are positional.
-                let name = publication
-                    .policies
-                    .annotation(id, "id")
-                    .map_or_else(|| id.to_string(), str::to_owned);
+            let response = Authorizer::new().is_authorized(&request, &slice, &entities);
+            // Operators name policies with `@id("…")`; Cedar's own ids are positional. Cedar
+            // reports reasons as a set: sorted, so receipts are deterministic.
+            let mut reasons: Vec<String> = response
+                .diagnostics()
+                .reason()
+                .map(|id| {
+                    publication
+                        .policies
+                        .annotation(id, "id")
+                        .map_or_else(|| id.to_string(), str::to_owned)
+                })
+                .collect();
+            reasons.sort();
+            for name in reasons {
                 if !policies.contains(&name) {
                     policies.push(name);
                 }
@@ -188,10 +290,14 @@ impl Policies {
         let allowed = NAMES
             .actions
             .iter()
-            .all(|action| evaluate(action, &mut policies));
+            .enumerate()
+            .all(|(index, action)| evaluate(index, action, &mut policies));
         // Only a waiver that holds is worth naming in the receipt.
         let mut waivers = Vec::new();
-        let approval = if allowed && needs_approval && evaluate(&NAMES.waive, &mut waivers) {
+        let approval = if allowed
+            && needs_approval
+            && evaluate(NAMES.actions.len(), &NAMES.waive, &mut waivers)
+        {
             for waiver in waivers {
                 if !policies.contains(&waiver) {
                     policies.push(waiver);

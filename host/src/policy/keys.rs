@@ -155,6 +155,10 @@ impl KeyTable {
         KeyTable { by_hash }
     }
 
+    pub fn all(&self) -> impl Iterator<Item = &Arc<VirtualKey>> {
+        self.by_hash.values()
+    }
+
     pub fn authenticate(&self, token: &str) -> Option<Arc<VirtualKey>> {
         self.by_hash.get(&KeyHash::of_token(token)).cloned()
     }

@@ -16,4 +16,4 @@ pub use cedar::{ApprovalRule, Policies, PolicyPin, Publication, Verdict};
 pub use filter::ToolFilter;
 pub use glob::ToolGlob;
 pub use keys::{Environment, KeyHash, KeyTable, Scope, VirtualKey};
-pub use prefilter::{decide, prefilter};
+pub use prefilter::{decide, prefilter, prefilter_refusal};

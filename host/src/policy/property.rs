@@ -84,9 +84,15 @@ fn catalog(connectors: &[Arc<Connector>], publication: Arc<Publication>, prod: b
 }
 
 fn condition(g: &mut Gen) -> String {
-    match g.next() % 4 {
+    match g.next() % 5 {
         0 => "resource.destructive".into(),
         1 => format!("resource.connector == \"{}\"", g.pick(&CONNECTORS)),
+        // Pinned to a connector the other way round, inside a conjunction: the slicing
+        // analysis must read both.
+        4 => format!(
+            "principal.environment == \"dev\" && \"{}\" == resource.connector",
+            g.pick(&CONNECTORS)
+        ),
         2 => "principal.environment == \"prod\"".into(),
         _ => format!(
             "resource.connector != \"{}\" && !resource.destructive",
@@ -99,9 +105,10 @@ fn publication(g: &mut Gen) -> String {
     let mut text = String::from("permit(principal, action, resource);\n");
     for _ in 0..(g.next() % 4) {
         let effect = if g.chance(60) { "forbid" } else { "permit" };
-        let action = match g.next() % 3 {
+        let action = match g.next() % 4 {
             0 => "action",
             1 => "action == Obol::Action::\"call\"",
+            2 => "action == Obol::Action::\"call_without_approval\"",
             _ => "action == Obol::Action::\"list\"",
         };
         let clause = if g.chance(50) { "when" } else { "unless" };
@@ -176,6 +183,19 @@ fn listing_and_calling_agree_over_a_thousand_generated_cases() {
         for connector in CONNECTORS {
             for (tool, _) in TOOLS {
                 let name = format!("{connector}.{tool}");
+                // Slicing the publication by connector and action never changes a decision.
+                let route = catalog.route("w", &name).unwrap();
+                for needs_approval in [false, true] {
+                    assert_eq!(
+                        catalog
+                            .policies
+                            .decide_with(&key, route, needs_approval, true),
+                        catalog
+                            .policies
+                            .decide_with(&key, route, needs_approval, false),
+                        "case {case}: {name}\n{text}"
+                    );
+                }
                 let callable = crate::invoke::route(&catalog, &key, &name).is_some();
                 let is_listed = listed.contains(&name);
                 assert_eq!(

@@ -51,6 +51,7 @@ fn receipt(record: &ClaimRecord, claim: &ClaimKey) -> Receipt {
         policy_publication: None,
         matched_policies: Vec::new(),
         approval_id: None,
+        key_name: None,
         created_at_ms: record.created_at_ms,
         finalized_at_ms: now_ms(),
     }

@@ -61,6 +61,11 @@ enum Op {
         receipt: Option<Box<Receipt>>,
         reply: oneshot::Sender<Result<bool, StoreError>>,
     },
+    /// A receipt without a claim: a refused call.
+    Refusal {
+        receipt: Box<Receipt>,
+        reply: oneshot::Sender<Result<bool, StoreError>>,
+    },
     PutTicket {
         ticket: Box<Ticket>,
         reply: oneshot::Sender<Result<(), StoreError>>,
@@ -113,16 +118,13 @@ impl EmbeddedStore {
     }
 
     pub async fn claim(&self, key: &ClaimKey, record: &ClaimRecord) -> Result<Claim, StoreError> {
-        let (reply, answer) = oneshot::channel();
         let record = serde_json::to_vec(record).map_err(failed)?;
-        self.submit(Op::Claim {
+        self.ask(|reply| Op::Claim {
             slot: key.slot(),
             record,
             reply,
-        })?;
-        answer
-            .await
-            .map_err(|_| failed("the store writer stopped"))?
+        })
+        .await
     }
 
     pub async fn transition(
@@ -132,28 +134,32 @@ impl EmbeddedStore {
         next: &ClaimRecord,
         receipt: Option<&Receipt>,
     ) -> Result<bool, StoreError> {
-        let (reply, answer) = oneshot::channel();
-        self.submit(Op::Transition {
+        let next = serde_json::to_vec(next).map_err(failed)?;
+        self.ask(|reply| Op::Transition {
             slot: key.slot(),
             expected_version: expected.version,
-            next: serde_json::to_vec(next).map_err(failed)?,
+            next,
             receipt: receipt.cloned().map(Box::new),
             reply,
-        })?;
-        answer
-            .await
-            .map_err(|_| failed("the store writer stopped"))?
+        })
+        .await
+    }
+
+    pub async fn record_refusal(&self, receipt: &Receipt) -> Result<(), StoreError> {
+        self.ask(|reply| Op::Refusal {
+            receipt: Box::new(receipt.clone()),
+            reply,
+        })
+        .await
+        .map(|_| ())
     }
 
     pub async fn put_ticket(&self, ticket: &Ticket) -> Result<(), StoreError> {
-        let (reply, answer) = oneshot::channel();
-        self.submit(Op::PutTicket {
+        self.ask(|reply| Op::PutTicket {
             ticket: Box::new(ticket.clone()),
             reply,
-        })?;
-        answer
-            .await
-            .map_err(|_| failed("the store writer stopped"))?
+        })
+        .await
     }
 
     pub async fn decide_ticket(
@@ -162,16 +168,13 @@ impl EmbeddedStore {
         decision: Decision,
         at_ms: u64,
     ) -> Result<Decided, StoreError> {
-        let (reply, answer) = oneshot::channel();
-        self.submit(Op::DecideTicket {
+        self.ask(|reply| Op::DecideTicket {
             id: id.clone(),
             decision,
             at_ms,
             reply,
-        })?;
-        answer
-            .await
-            .map_err(|_| failed("the store writer stopped"))?
+        })
+        .await
     }
 
     pub async fn registry_write(
@@ -181,16 +184,13 @@ impl EmbeddedStore {
         value: &str,
         only_if_absent: bool,
     ) -> Result<bool, StoreError> {
-        let (reply, answer) = oneshot::channel();
-        self.submit(Op::Registry {
+        self.ask(|reply| Op::Registry {
             key: format!("{}\0{name}", registry.as_str()),
             value: value.to_owned(),
             only_if_absent,
             reply,
-        })?;
-        answer
-            .await
-            .map_err(|_| failed("the store writer stopped"))?
+        })
+        .await
     }
 
     pub async fn registry(
@@ -225,6 +225,19 @@ impl EmbeddedStore {
             limit,
             |id| id.to_owned(),
         )
+    }
+
+    /// Queues an operation for the writer and waits for its answer (given after the commit
+    /// that covers it).
+    async fn ask<T>(
+        &self,
+        op: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> Op,
+    ) -> Result<T, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        self.submit(op(reply))?;
+        answer
+            .await
+            .map_err(|_| failed("the store writer stopped"))?
     }
 
     fn submit(&self, op: Op) -> Result<(), StoreError> {
@@ -311,6 +324,45 @@ fn newest<T: serde::de::DeserializeOwned>(
     Ok(out)
 }
 
+/// Stores a receipt, lists it (newest first) and appends its audit record.
+fn write_receipt(
+    receipts: &mut redb::Table<&str, &[u8]>,
+    index: &mut redb::Table<&str, ()>,
+    audit: &mut redb::Table<u64, &[u8]>,
+    next_audit: &mut u64,
+    receipt: &Receipt,
+) -> Result<(), StoreError> {
+    let bytes = serde_json::to_vec(receipt).map_err(failed)?;
+    let id_key = format!("{}\0{}", receipt.workspace, receipt.id);
+    // A redispatched call finalizes its receipt again: keep one listing entry, at its newest
+    // time.
+    let previous = receipts
+        .get(id_key.as_str())
+        .map_err(failed)?
+        .map(|old| serde_json::from_slice::<Receipt>(old.value()));
+    if let Some(Ok(previous)) = previous {
+        let old_order = format!(
+            "{}\0{:020}\0{}",
+            previous.workspace, previous.finalized_at_ms, previous.id
+        );
+        index.remove(old_order.as_str()).map_err(failed)?;
+    }
+    receipts
+        .insert(id_key.as_str(), bytes.as_slice())
+        .map_err(failed)?;
+    let order = format!(
+        "{}\0{:020}\0{}",
+        receipt.workspace, receipt.finalized_at_ms, receipt.id
+    );
+    index.insert(order.as_str(), ()).map_err(failed)?;
+    let event = serde_json::to_vec(&super::audit_event(receipt)).map_err(failed)?;
+    audit
+        .insert(*next_audit, event.as_slice())
+        .map_err(failed)?;
+    *next_audit += 1;
+    Ok(())
+}
+
 /// The writer thread: batch, apply, commit once, then answer everyone in the batch.
 fn write_loop(db: &Database, queue: &mpsc::Receiver<Op>, syncs: &AtomicU64) {
     while let Ok(first) = queue.recv() {
@@ -339,7 +391,8 @@ fn write_loop(db: &Database, queue: &mpsc::Receiver<Op>, syncs: &AtomicU64) {
                         (Op::DecideTicket { reply, .. }, Applied::DecideTicket(decided)) => {
                             let _ = reply.send(Ok(decided));
                         }
-                        (Op::Registry { reply, .. }, Applied::Transition(done)) => {
+                        (Op::Registry { reply, .. }, Applied::Transition(done))
+                        | (Op::Refusal { reply, .. }, Applied::Transition(done)) => {
                             let _ = reply.send(Ok(done));
                         }
                         _ => unreachable!("results follow the batch's order"),
@@ -362,7 +415,7 @@ fn write_loop(db: &Database, queue: &mpsc::Receiver<Op>, syncs: &AtomicU64) {
                         Op::DecideTicket { reply, .. } => {
                             let _ = reply.send(Err(error.clone()));
                         }
-                        Op::Registry { reply, .. } => {
+                        Op::Registry { reply, .. } | Op::Refusal { reply, .. } => {
                             let _ = reply.send(Err(error.clone()));
                         }
                     }
@@ -432,36 +485,26 @@ fn apply(db: &Database, batch: &[Op]) -> Result<Vec<Applied>, StoreError> {
                             .insert(slot.as_str(), next.as_slice())
                             .map_err(failed)?;
                         if let Some(receipt) = receipt {
-                            let bytes = serde_json::to_vec(receipt).map_err(failed)?;
-                            let id_key = format!("{}\0{}", receipt.workspace, receipt.id);
-                            // A redispatched call finalizes its receipt again: keep one
-                            // listing entry, at its newest time.
-                            let previous = receipts
-                                .get(id_key.as_str())
-                                .map_err(failed)?
-                                .map(|old| serde_json::from_slice::<Receipt>(old.value()));
-                            if let Some(Ok(previous)) = previous {
-                                let old_order = format!(
-                                    "{}\0{:020}\0{}",
-                                    previous.workspace, previous.finalized_at_ms, previous.id
-                                );
-                                index.remove(old_order.as_str()).map_err(failed)?;
-                            }
-                            receipts
-                                .insert(id_key.as_str(), bytes.as_slice())
-                                .map_err(failed)?;
-                            let order = format!(
-                                "{}\0{:020}\0{}",
-                                receipt.workspace, receipt.finalized_at_ms, receipt.id
-                            );
-                            index.insert(order.as_str(), ()).map_err(failed)?;
-                            let event =
-                                serde_json::to_vec(&super::audit_event(receipt)).map_err(failed)?;
-                            audit.insert(next_audit, event.as_slice()).map_err(failed)?;
-                            next_audit += 1;
+                            write_receipt(
+                                &mut receipts,
+                                &mut index,
+                                &mut audit,
+                                &mut next_audit,
+                                receipt,
+                            )?;
                         }
                     }
                     results.push(Applied::Transition(matches));
+                }
+                Op::Refusal { receipt, .. } => {
+                    write_receipt(
+                        &mut receipts,
+                        &mut index,
+                        &mut audit,
+                        &mut next_audit,
+                        receipt,
+                    )?;
+                    results.push(Applied::Transition(true));
                 }
                 Op::PutTicket { ticket, .. } => {
                     if tickets.get(ticket.id.as_str()).map_err(failed)?.is_none() {

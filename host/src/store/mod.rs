@@ -201,6 +201,9 @@ pub struct Receipt {
     /// The approval the call was held under, when it was held.
     #[serde(default)]
     pub approval_id: Option<String>,
+    /// The name of the key that made the call.
+    #[serde(default)]
+    pub key_name: Option<String>,
     pub created_at_ms: u64,
     pub finalized_at_ms: u64,
 }
@@ -346,6 +349,17 @@ impl Store {
             Store::Redis(s) => s.receipts(workspace, limit).await,
             #[cfg(feature = "test-util")]
             Store::Volatile(s) => s.receipts(workspace, limit).await,
+        }
+    }
+
+    /// Stores the receipt of a call that was refused before it claimed anything (an
+    /// `Unknown tool`), with its audit record: the owner learns the real reason.
+    pub async fn record_refusal(&self, receipt: &Receipt) -> Result<(), StoreError> {
+        match self {
+            Store::Embedded(s) => s.record_refusal(receipt).await,
+            Store::Redis(s) => s.record_refusal(receipt).await,
+            #[cfg(feature = "test-util")]
+            Store::Volatile(s) => s.record_refusal(receipt).await,
         }
     }
 

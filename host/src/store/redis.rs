@@ -177,28 +177,58 @@ impl RedisStore {
         {
             // The outcome is already durable; the index only serves lookups by id and
             // listings, so failing to write it must not turn a recorded outcome into an error.
-            let index = format!("obol:receipts:{}", receipt.workspace);
-            let pointer = format!("obol:receipt:{}:{}", receipt.workspace, receipt.id);
-            let horizon = receipt
-                .finalized_at_ms
-                .saturating_sub(RETENTION_SECONDS * 1000);
-            let indexed = redis::pipe()
-                .set_ex(&pointer, &receipt_key, RETENTION_SECONDS)
-                .ignore()
-                .zadd(&index, &receipt.id, receipt.finalized_at_ms)
-                .ignore()
-                .zrembyscore(&index, 0, horizon)
-                .ignore()
-                .expire(&index, RETENTION_SECONDS as i64)
-                .ignore()
-                .query_async::<()>(&mut connection)
-                .await;
-            self.syncs.fetch_add(1, Ordering::Relaxed);
-            if let Err(error) = indexed {
+            if let Err(error) = self.index_receipt(receipt, &receipt_key).await {
                 tracing::warn!(receipt = %receipt.id, "receipt recorded but not indexed: {error}");
             }
         }
         Ok(done == 1)
+    }
+
+    /// Points `obol:receipt:{workspace}:{id}` at where the receipt lives and lists it.
+    async fn index_receipt(&self, receipt: &Receipt, location: &str) -> Result<(), StoreError> {
+        let mut connection = self.connection.clone();
+        let index = format!("obol:receipts:{}", receipt.workspace);
+        let pointer = format!("obol:receipt:{}:{}", receipt.workspace, receipt.id);
+        let horizon = receipt
+            .finalized_at_ms
+            .saturating_sub(RETENTION_SECONDS * 1000);
+        redis::pipe()
+            .set_ex(&pointer, location, RETENTION_SECONDS)
+            .ignore()
+            .zadd(&index, &receipt.id, receipt.finalized_at_ms)
+            .ignore()
+            .zrembyscore(&index, 0, horizon)
+            .ignore()
+            .expire(&index, RETENTION_SECONDS as i64)
+            .ignore()
+            .query_async::<()>(&mut connection)
+            .await
+            .map_err(failed)?;
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// A refused call's receipt: no claim, so it lives under its own key.
+    pub async fn record_refusal(&self, receipt: &Receipt) -> Result<(), StoreError> {
+        let mut connection = self.connection.clone();
+        let location = format!("obol:refusal:{}:{}", receipt.workspace, receipt.id);
+        let json = serde_json::to_string(receipt).map_err(failed)?;
+        redis::pipe()
+            .set_ex(&location, json, RETENTION_SECONDS)
+            .ignore()
+            .cmd("XADD")
+            .arg(format!("obol:refusals:{}", receipt.workspace))
+            .arg("MAXLEN")
+            .arg("~")
+            .arg(10_000)
+            .arg("*")
+            .arg("event")
+            .arg(super::audit_event(receipt).to_string())
+            .ignore()
+            .query_async::<()>(&mut connection)
+            .await
+            .map_err(failed)?;
+        self.index_receipt(receipt, &location).await
     }
 
     pub async fn get(&self, key: &ClaimKey) -> Result<Option<ClaimRecord>, StoreError> {

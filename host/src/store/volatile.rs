@@ -89,6 +89,15 @@ impl VolatileStore {
         Ok(found)
     }
 
+    pub async fn record_refusal(&self, receipt: &Receipt) -> Result<(), StoreError> {
+        let mut state = self.state.lock().expect("store lock");
+        state.receipts.insert(
+            (receipt.workspace.clone(), receipt.id.clone()),
+            receipt.clone(),
+        );
+        Ok(())
+    }
+
     pub async fn put_ticket(&self, ticket: &Ticket) -> Result<(), StoreError> {
         let mut state = self.state.lock().expect("store lock");
         state
