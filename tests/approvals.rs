@@ -741,3 +741,34 @@ when { resource.connector == "stripe" };"#
     assert_eq!(client.call_err(REFUND, args).await.0, -32003);
     assert_eq!(vendor.count("/v1/refunds"), 1);
 }
+
+#[tokio::test]
+async fn a_call_held_on_one_gateway_resumes_on_another_sharing_redis() {
+    let vendor = MockVendor::start().await;
+    refund_vendor(&vendor);
+    let redis = crate::support::RedisServer::start();
+    let keys = tempfile::tempdir().unwrap();
+    let signer = obol::approvals::token::generate_signing_key();
+    let mut config = prod_config(&vendor);
+    config.store = Some(format!("redis_url = {:?}", redis.url()));
+    config.extra = signing(keys.path(), ("fleet", &signer), &[]);
+    let (a, b) = (
+        GatewayProcess::start(&config),
+        GatewayProcess::start(&config),
+    );
+    let k = key("fleet");
+    let args = json!({"charge": "ch_42", "amount": 500});
+
+    // Held on A; the owner approves in B's inbox; the agent resumes on B.
+    let data = held(&a, &k, args.clone()).await;
+    let id = data["approval"]["approval_id"].as_str().unwrap().to_owned();
+    let token = approve(&b, &id).await;
+    let client = resumer(&b, AGENT, &id, &token, None).await;
+    let done = client.call(REFUND, args.clone()).await.unwrap();
+    assert_eq!(done.is_error, Some(false));
+    // A replays what B did.
+    let again = McpClient::with_key(&a.url, AGENT, &k).await;
+    let replay = again.call(REFUND, args).await.unwrap();
+    assert_eq!(crate::idempotency::meta(&replay)["replayed"], json!(true));
+    assert_eq!(vendor.count("/v1/refunds"), 1);
+}

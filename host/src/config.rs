@@ -798,6 +798,16 @@ mod tests {
 
     const KEY: &str = "sha256:2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae";
 
+    /// The README's `obol serve` runs on this file.
+    #[test]
+    fn the_example_config_loads() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/obol.toml");
+        let config = Config::load(&path).unwrap();
+        assert!(config.admin.is_some());
+        assert!(config.workspaces[0].owner.is_some());
+        assert_eq!(config.keys.len(), 1);
+    }
+
     #[test]
     fn progressive_mode_is_refused_with_a_clear_error() {
         let err = parse(&format!(

@@ -18,6 +18,7 @@ mod receipt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use base64::Engine;
 use serde_json::{Map, Value, json};
 
 use crate::approvals::{
@@ -950,7 +951,7 @@ fn render_result(
             }
             wit::Content::Image(image) => {
                 size += image.data.len() * 4 / 3;
-                json!({ "type": "image", "mimeType": image.mime_type, "data": base64(&image.data) })
+                json!({ "type": "image", "mimeType": image.mime_type, "data": base64::engine::general_purpose::STANDARD.encode(&image.data) })
             }
         };
         if size > limit {
@@ -990,38 +991,4 @@ fn render_result(
         result["structuredContent"] = structured;
     }
     Ok(result)
-}
-
-fn base64(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
-    for chunk in bytes.chunks(3) {
-        let n = (u32::from(chunk[0]) << 16)
-            | (u32::from(*chunk.get(1).unwrap_or(&0)) << 8)
-            | u32::from(*chunk.get(2).unwrap_or(&0));
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn base64_matches_rfc_4648_vectors() {
-        for (input, expected) in [
-            ("", ""),
-            ("f", "Zg=="),
-            ("fo", "Zm8="),
-            ("foo", "Zm9v"),
-            ("foobar", "Zm9vYmFy"),
-        ] {
-            assert_eq!(super::base64(input.as_bytes()), expected);
-        }
-    }
 }

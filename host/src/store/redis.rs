@@ -46,8 +46,9 @@ return 1
 ";
 
 /// A ticket is a hash (`s`: status, `t`: the ticket) that expires an hour after the ticket
-/// does; the per-workspace stream only lists ids for the inbox (stream entries cannot expire,
-/// so expiry is the hash's and the ticket's `expires_at_ms`).
+/// does. The per-workspace approvals stream carries each ticket's id, tool, idempotency key,
+/// request hash, destination and `expires_at_ms`; stream entries cannot expire, so readers
+/// judge expiry by that field and by the hash being gone.
 const PUT_TICKET: &str = r"
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('HSET', KEYS[1], 's', 'pending', 't', ARGV[1])
@@ -326,6 +327,14 @@ impl RedisStore {
                 .arg("*")
                 .arg("id")
                 .arg(ticket.id.as_str())
+                .arg("tool")
+                .arg(&ticket.tool)
+                .arg("idempotency_key")
+                .arg(&ticket.idempotency_key)
+                .arg("request_hash")
+                .arg(&ticket.request_hash)
+                .arg("destination")
+                .arg(&ticket.destination)
                 .arg("expires_at_ms")
                 .arg(ticket.expires_at_ms)
                 .ignore()
