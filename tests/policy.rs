@@ -327,3 +327,37 @@ async fn cedar_forbids_override_permits_and_listing_matches_calling() {
     );
     assert!(vendor.count("/v1/refunds") == 0 && vendor.count("/v1/charges") == 1);
 }
+
+/// A tool that honestly declares it cannot pass the idempotency key on ("unsupported") can be
+/// kept out of production by policy, while the rest of the connector stays available.
+#[tokio::test]
+async fn an_unsupported_propagation_is_deniable_for_production_writes() {
+    let vendor = MockVendor::start().await;
+    let mut config = GatewayConfig::new(&vendor.base_url());
+    config.environment = Some("prod".into());
+    let mut key = Key::new(
+        "obk_prod_tracker",
+        "acme",
+        &["tracker.*", "tracker.issues.close"],
+    );
+    key.environment = "prod".into();
+    config.keys = vec![key];
+    config.publications = vec![(
+        1,
+        r#"@id("all") permit(principal, action, resource);
+@id("no-unkeyed-prod-writes") forbid(principal, action == Obol::Action::"call", resource)
+when { resource.environment == "prod" && resource.propagation == "unsupported" };"#
+            .into(),
+    )];
+    let gateway = GatewayProcess::start(&config);
+    assert_eq!(
+        names(&gateway, "obk_prod_tracker").await,
+        vec!["tracker.issues.get".to_owned()]
+    );
+    let client = McpClient::connect(&gateway.url, "obk_prod_tracker").await;
+    let (code, message, _) = client
+        .call_err("tracker.issues.create", json!({"title": "x"}))
+        .await;
+    assert_eq!((code, message.as_str()), (-32602, "Unknown tool"));
+    assert!(vendor.seen().is_empty());
+}
