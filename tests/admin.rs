@@ -79,6 +79,16 @@ async fn keys_are_created_listed_and_revoked_without_a_restart() {
         assert_eq!(refused.status(), 401);
     }
 
+    // Nor under a foreign host name (a DNS-rebinding page on the operator's machine).
+    let rebound = http
+        .get(format!("{}/v1/admin/keys", base(&gateway)))
+        .bearer_auth(ADMIN)
+        .header("host", "rebind.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(rebound.status(), 421);
+
     let (code, created) = create(
         &gateway,
         "ci-bot",

@@ -31,7 +31,11 @@ fn prod_key(token: &str, scopes: &[&str]) -> Key {
 }
 
 fn prod_config(vendor: &MockVendor) -> GatewayConfig {
-    let mut config = GatewayConfig::new(&vendor.base_url());
+    prod_config_at(&vendor.base_url())
+}
+
+fn prod_config_at(vendor: &str) -> GatewayConfig {
+    let mut config = GatewayConfig::new(vendor);
     config.environment = Some("prod".into());
     config.owner = Some(OWNER.into());
     config.keys = vec![
@@ -85,9 +89,7 @@ fn base(gateway: &GatewayProcess) -> String {
 /// Calls the refund and expects the hold; returns `error.data`.
 async fn held(gateway: &GatewayProcess, idempotency_key: &str, args: Value) -> Value {
     let client = McpClient::with_key(&gateway.url, AGENT, idempotency_key).await;
-    let (code, message, data) = client.call_err(REFUND, args).await;
-    assert_eq!(code, -32003, "{message}");
-    let data = data.unwrap();
+    let data = held_by(&client, args).await;
     assert_eq!(data["type"], json!("approval_required"));
     data
 }
@@ -397,6 +399,15 @@ async fn the_inbox_refuses_strangers_and_forged_forms() {
         approval(&gateway, AGENT, &id).await.1["status"],
         json!("pending")
     );
+    // A page reached under a foreign host name (DNS rebinding) is refused.
+    let port = base(&gateway).rsplit(':').next().unwrap().to_owned();
+    let rebound = reqwest::Client::new()
+        .get(format!("{}/inbox", base(&gateway)))
+        .header("host", format!("rebind.example:{port}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(rebound.status(), 421);
     // The pages forbid scripts and framing.
     let response = reqwest::Client::new()
         .get(format!("{}/inbox", base(&gateway)))
@@ -759,10 +770,16 @@ async fn a_call_held_on_one_gateway_resumes_on_another_sharing_redis() {
     let k = key("fleet");
     let args = json!({"charge": "ch_42", "amount": 500});
 
-    // Held on A; the owner approves in B's inbox; the agent resumes on B.
+    // Held on A; the owner signs in on A and approves with that session on B (sessions are
+    // sealed with the shared key, not kept in one process); the agent resumes on B.
     let data = held(&a, &k, args.clone()).await;
     let id = data["approval"]["approval_id"].as_str().unwrap().to_owned();
-    let token = approve(&b, &id).await;
+    let mut owner = OwnerSession::sign_in(&a, OWNER).await.unwrap();
+    owner.base = base(&b);
+    let csrf = owner.csrf().await;
+    assert_eq!(owner.decide(&id, "approve", &csrf, None).await, 303);
+    let (_, body) = approval(&b, AGENT, &id).await;
+    let token = body["token"].as_str().unwrap().to_owned();
     let client = resumer(&b, AGENT, &id, &token, None).await;
     let done = client.call(REFUND, args.clone()).await.unwrap();
     assert_eq!(done.is_error, Some(false));
@@ -771,4 +788,29 @@ async fn a_call_held_on_one_gateway_resumes_on_another_sharing_redis() {
     let replay = again.call(REFUND, args).await.unwrap();
     assert_eq!(crate::idempotency::meta(&replay)["replayed"], json!(true));
     assert_eq!(vendor.count("/v1/refunds"), 1);
+}
+
+#[tokio::test]
+async fn an_approved_call_that_could_not_be_sent_stays_held() {
+    // Port 1 refuses connections: provably nothing is sent.
+    let gateway = GatewayProcess::start(&prod_config_at("http://127.0.0.1:1"));
+    let k = key("unsent");
+    let args = json!({"charge": "ch_42", "amount": 500});
+    let data = held(&gateway, &k, args.clone()).await;
+    let id = data["approval"]["approval_id"].as_str().unwrap().to_owned();
+    let token = approve(&gateway, &id).await;
+    let client = resumer(&gateway, AGENT, &id, &token, None).await;
+    assert_eq!(client.call_err(REFUND, args.clone()).await.0, -32033);
+    // The slot went back to its hold: a plain call under the key is held again, not sent...
+    let plain = McpClient::with_key(&gateway.url, AGENT, &k).await;
+    let again = held_by(&plain, args.clone()).await;
+    assert_eq!(again["approval"]["approval_id"], json!(id));
+    // ...and the token still resumes it.
+    assert_eq!(client.call_err(REFUND, args).await.0, -32033);
+}
+
+async fn held_by(client: &McpClient, args: Value) -> Value {
+    let (code, message, data) = client.call_err(REFUND, args).await;
+    assert_eq!(code, -32003, "{message}");
+    data.unwrap()
 }

@@ -149,6 +149,7 @@ async fn unknown_tool_is_byte_identical_whatever_the_cause() {
     let mut key = Key::new("obk_narrow", "acme", &["stripe.*", "hostile.*"]);
     key.filter = Some("tool.connector != 'hostile'".into());
     config.keys.push(key);
+    config.owner = Some("obo_acme_owner".into());
     config.publications = vec![(
         1,
         r#"@id("all") permit(principal, action, resource);
@@ -195,13 +196,14 @@ async fn unknown_tool_is_byte_identical_whatever_the_cause() {
     }
     assert!(vendor.seen().is_empty());
 
-    // The owner's receipts carry the real reasons (written in the background).
+    // The owner's receipts carry the real reasons (written in the background); a key, even
+    // with the receipts scope, sees none of them: they would undo the hiding.
     let url = gateway.url.replace("/mcp", "/v1/receipts");
     let mut notes = Vec::new();
     for _ in 0..50 {
         let listed: serde_json::Value = reqwest::Client::new()
             .get(&url)
-            .bearer_auth("obk_narrow")
+            .bearer_auth("obo_acme_owner")
             .send()
             .await
             .unwrap()
@@ -240,6 +242,16 @@ async fn unknown_tool_is_byte_identical_whatever_the_cause() {
     );
     assert!(note("tracker.issues.get").1.contains("allowed_tools"));
     assert!(note("hostile.echo").1.contains("CEL filter"));
+    let as_key: serde_json::Value = reqwest::Client::new()
+        .get(&url)
+        .bearer_auth("obk_narrow")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(as_key["receipts"], json!([]), "{as_key}");
     let cedar = note("stripe.create_refund");
     assert!(cedar.1.contains("Cedar publication 1"), "{cedar:?}");
     // `all` permitted listing; the forbid decided the call.

@@ -178,6 +178,7 @@ async fn store_alone(redis: &Redis) {
                 matched_policies: Vec::new(),
                 approval_id: None,
                 key_name: None,
+                refusal: false,
                 created_at_ms: now_ms(),
                 finalized_at_ms: now_ms(),
             };

@@ -123,6 +123,13 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
 
 /// The admin token, compared by hash. Refusals name no detail beyond the cause.
 fn authorize(gateway: &Gateway, headers: &HeaderMap) -> Result<(), Box<Response>> {
+    if !gateway.host_allowed(headers) {
+        return Err(Box::new(error(
+            StatusCode::MISDIRECTED_REQUEST,
+            "foreign_host",
+            "this gateway does not answer to that host name",
+        )));
+    }
     let Some(admin) = gateway.admin else {
         return Err(Box::new(error(
             StatusCode::NOT_FOUND,

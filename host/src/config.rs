@@ -721,6 +721,13 @@ impl Config {
         } else {
             backend
         };
+        // Gateways sharing Redis share held calls: a token or an owner session issued by one
+        // must verify on the others, which a per-process key cannot do.
+        if matches!(backend, StoreBackend::Redis(_)) && file.approvals.signing_key.is_none() {
+            return Err(invalid(
+                "[approvals] signing_key is required with redis_url: every gateway sharing the store must verify the same approval tokens (make one with `obol approvals keygen FILE`)".into(),
+            ));
+        }
         let request_timeout = ms(file.outbound.request_timeout_ms.unwrap_or(30_000));
         let runtime_defaults = RuntimeConfig::default();
         let call_deadline = file

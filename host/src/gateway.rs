@@ -41,6 +41,12 @@ pub struct Gateway {
     config_workspaces: Vec<WorkspaceConfig>,
     /// The sha256 of the admin token; `None` disables the admin API.
     pub admin: Option<KeyHash>,
+    /// Serialises everything that rebuilds keys or the catalog (registry refreshes, reloads):
+    /// each reads the newest state inside it, so an older read can never be swapped in last.
+    rebuild: tokio::sync::Mutex<()>,
+    /// `Host` values the inbox and the admin API answer to: the public URL's authority and
+    /// loopback on the bound port. Anything else (a DNS-rebinding page) is refused.
+    hosts: Vec<String>,
     allowed_origins: Vec<String>,
     events: broadcast::Sender<Event>,
     environment: Environment,
@@ -85,6 +91,7 @@ impl Gateway {
                 store,
                 lease: config.store.lease,
                 inbox_base: public_url.clone(),
+                refusals: Default::default(),
             },
             approvals: ApprovalDesk {
                 keyring: Arc::clone(&config.approvals.keyring),
@@ -94,8 +101,7 @@ impl Gateway {
                         .iter()
                         .filter_map(|w| w.owner.map(|hash| (hash, w.id.clone()))),
                 ),
-                sessions: Default::default(),
-                public_url,
+                public_url: public_url.clone(),
             },
             catalog: RwLock::new(Arc::new(catalog)),
             loader,
@@ -103,6 +109,24 @@ impl Gateway {
             config_keys: config.keys.clone(),
             config_workspaces: config.workspaces.clone(),
             admin: config.admin,
+            rebuild: tokio::sync::Mutex::new(()),
+            hosts: {
+                let port = address.port();
+                let mut hosts = vec![
+                    format!("127.0.0.1:{port}"),
+                    format!("localhost:{port}"),
+                    format!("[::1]:{port}"),
+                ];
+                if let Ok(url) = reqwest::Url::parse(&public_url)
+                    && let Some(host) = url.host_str()
+                {
+                    hosts.push(match url.port() {
+                        Some(port) => format!("{host}:{port}"),
+                        None => host.to_owned(),
+                    });
+                }
+                hosts
+            },
             allowed_origins: config.allowed_origins.clone(),
             events,
             environment: config.environment,
@@ -170,6 +194,7 @@ impl Gateway {
     /// what changed: the key table always, the catalog when a publication was added (sessions
     /// then hear `tools/list_changed`, since what a key sees may have changed).
     pub async fn refresh_registry(&self) -> Result<(), crate::store::StoreError> {
+        let _rebuilding = self.rebuild.lock().await;
         let records = crate::admin::Records::read(&self.services.store).await?;
         let mut keys = self.config_keys.clone();
         keys.extend(records.live_keys(&self.config_workspaces));
@@ -220,8 +245,9 @@ impl Gateway {
     }
 
     /// Rebuilds the catalog from every source and swaps it in when something changed.
-    /// Returns whether it changed.
+    /// Returns whether it changed. Blocking: call it off the async workers.
     pub fn reload(&self) -> bool {
+        let _rebuilding = self.rebuild.blocking_lock();
         let (connectors, problems) = self.loader.load_all();
         let next = Catalog::build(connectors, &self.workspaces());
         for problem in problems.iter().chain(&next.problems) {
@@ -251,6 +277,14 @@ impl Gateway {
     /// `tools/list` for a key, from the current snapshot.
     pub fn list_tools(&self, key: &VirtualKey) -> String {
         self.catalog().listing(key)
+    }
+
+    /// Whether a request's `Host` is one this gateway answers to (inbox and admin API).
+    pub fn host_allowed(&self, headers: &axum::http::HeaderMap) -> bool {
+        headers
+            .get(axum::http::header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .is_some_and(|host| self.hosts.iter().any(|allowed| allowed == host))
     }
 
     /// Browsers may call `/mcp` only from an allowed origin; loopback origins are allowed

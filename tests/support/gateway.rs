@@ -197,6 +197,25 @@ impl GatewayConfig {
             Some(store) => writeln!(toml, "[store]\n{store}").unwrap(),
             None => writeln!(toml, "[store]\npath = {:?}", dir.join("obol.redb")).unwrap(),
         }
+        // Redis needs a shared approval signing key; tests that do not care get one per
+        // directory.
+        let redis = self
+            .store
+            .as_deref()
+            .is_some_and(|s| s.contains("redis_url"));
+        if redis && !self.extra.contains("[approvals]") {
+            let key = dir.join("approval.key");
+            std::fs::write(
+                &key,
+                hex::encode(obol::approvals::token::generate_signing_key().to_bytes()),
+            )
+            .unwrap();
+            writeln!(
+                toml,
+                "[approvals]\nsigning_key = {{ id = \"test\", file = {key:?} }}"
+            )
+            .unwrap();
+        }
         toml.push_str(&self.extra);
         toml
     }

@@ -6,21 +6,21 @@
 //! Every decision is a form POST that must carry the session's CSRF token and, when the
 //! browser sends one, an `Origin` equal to the page's own; a forged cross-site post has
 //! neither the cookie nor the token. Pages are served with a CSP that forbids scripts and
-//! framing. Sessions live in the gateway's memory: signing in again after a restart is the
-//! price of keeping owner credentials out of the store.
+//! framing. Sessions are sealed cookies ([`OwnerSession`]), so they work on every gateway that
+//! shares the signing key and no owner credential is ever stored.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{Form, Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
-use super::{ApprovalId, Decided, Decision, Ticket, TicketStatus};
+use super::{ApprovalId, Decided, Decision, Keyring, Ticket, TicketStatus};
 use crate::error::ObolError;
 use crate::gateway::Gateway;
 use crate::policy::KeyHash;
@@ -31,18 +31,20 @@ const SESSION_TTL: Duration = Duration::from_secs(8 * 3600);
 /// The most tickets one page shows.
 const PAGE: usize = 100;
 
-/// Signed-in owners, by session cookie value.
-#[derive(Debug, Default)]
-pub struct OwnerSessions {
-    live: Mutex<HashMap<String, OwnerSession>>,
-}
-
-#[derive(Debug, Clone)]
+/// Owner sessions are sealed cookies (signed with the approval keyring, prefix `ows1`), not
+/// server state: any gateway sharing the signing key accepts them, and a restart keeps them.
+/// The CSRF token travels inside the `HttpOnly` cookie, so a page on another site can neither
+/// read nor forge it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 struct OwnerSession {
+    #[serde(rename = "ws")]
     workspace: String,
     csrf: String,
-    until: Instant,
+    #[serde(rename = "exp")]
+    until_ms: u64,
 }
+
+const SESSION_PREFIX: &str = "ows1";
 
 fn random_hex() -> String {
     let mut bytes = [0u8; 32];
@@ -50,24 +52,20 @@ fn random_hex() -> String {
     hex::encode(bytes)
 }
 
-impl OwnerSessions {
-    fn open(&self, workspace: &str) -> (String, OwnerSession) {
+impl OwnerSession {
+    fn open(keyring: &Keyring, workspace: &str) -> String {
         let session = OwnerSession {
             workspace: workspace.to_owned(),
             csrf: random_hex(),
-            until: Instant::now() + SESSION_TTL,
+            until_ms: now_ms() + SESSION_TTL.as_millis() as u64,
         };
-        let id = random_hex();
-        let mut live = self.live.lock().expect("owner sessions");
-        live.retain(|_, s| s.until > Instant::now());
-        live.insert(id.clone(), session.clone());
-        (id, session)
+        keyring.seal(SESSION_PREFIX, &session)
     }
 
-    fn get(&self, headers: &HeaderMap) -> Option<OwnerSession> {
-        let id = cookie(headers, COOKIE)?;
-        let live = self.live.lock().expect("owner sessions");
-        live.get(id).filter(|s| s.until > Instant::now()).cloned()
+    fn of(keyring: &Keyring, headers: &HeaderMap) -> Option<OwnerSession> {
+        let sealed = cookie(headers, COOKIE)?;
+        let session: OwnerSession = keyring.open(SESSION_PREFIX, sealed).ok()?;
+        (session.until_ms > now_ms()).then_some(session)
     }
 }
 
@@ -84,7 +82,8 @@ impl Owners {
         }
     }
 
-    fn workspace(&self, token: &str) -> Option<&str> {
+    /// The workspace whose owner token this is.
+    pub fn workspace(&self, token: &str) -> Option<&str> {
         self.by_hash
             .get(&KeyHash::of_token(token))
             .map(String::as_str)
@@ -124,11 +123,14 @@ async fn inbox_one(
 }
 
 async fn page_for(gateway: &Gateway, headers: &HeaderMap, focus: Option<String>) -> Response {
+    if !gateway.host_allowed(headers) {
+        return foreign_host();
+    }
     let next = match &focus {
         Some(id) if ApprovalId::parse(id).is_some() => format!("/inbox/{id}"),
         _ => "/inbox".to_owned(),
     };
-    let Some(session) = gateway.approvals.sessions.get(headers) else {
+    let Some(session) = OwnerSession::of(&gateway.approvals.keyring, headers) else {
         return html(StatusCode::OK, &login_page(&next, None));
     };
     match gateway
@@ -160,8 +162,16 @@ async fn login(
     headers: HeaderMap,
     Form(form): Form<LoginForm>,
 ) -> Response {
-    // Only paths inside the inbox: never an open redirect.
-    let next = if form.next.starts_with("/inbox") && !form.next.contains("//") {
+    if !gateway.host_allowed(&headers) {
+        return foreign_host();
+    }
+    // Only paths inside the inbox, in a plain alphabet: never an open redirect, never a
+    // header value that cannot be sent.
+    let plain = form
+        .next
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'/' || b == b'_' || b == b'-');
+    let next = if plain && form.next.starts_with("/inbox") && !form.next.contains("//") {
         form.next
     } else {
         "/inbox".to_owned()
@@ -179,7 +189,7 @@ async fn login(
             &login_page(&next, Some("That owner token is not valid.")),
         );
     };
-    let (id, _) = gateway.approvals.sessions.open(workspace);
+    let sealed = OwnerSession::open(&gateway.approvals.keyring, workspace);
     tracing::info!(workspace, "owner signed in to the inbox");
     let secure = if gateway.approvals.public_url.starts_with("https://") {
         "; Secure"
@@ -190,7 +200,7 @@ async fn login(
     response.headers_mut().insert(
         header::SET_COOKIE,
         HeaderValue::from_str(&format!(
-            "{COOKIE}={id}; HttpOnly; SameSite=Strict; Path=/inbox; Max-Age={}{secure}",
+            "{COOKIE}={sealed}; HttpOnly; SameSite=Strict; Path=/inbox; Max-Age={}{secure}",
             SESSION_TTL.as_secs()
         ))
         .expect("ASCII"),
@@ -210,7 +220,10 @@ async fn decide(
     Path(id): Path<String>,
     Form(form): Form<DecideForm>,
 ) -> Response {
-    let Some(session) = gateway.approvals.sessions.get(&headers) else {
+    if !gateway.host_allowed(&headers) {
+        return foreign_host();
+    }
+    let Some(session) = OwnerSession::of(&gateway.approvals.keyring, &headers) else {
         return html(
             StatusCode::UNAUTHORIZED,
             &login_page("/inbox", Some("Sign in to decide.")),
@@ -278,6 +291,16 @@ async fn decide(
         Ok(Decided::Missing) => not_found(),
         Err(_) => unavailable(),
     }
+}
+
+fn foreign_host() -> Response {
+    html(
+        StatusCode::MISDIRECTED_REQUEST,
+        &shell(
+            "Inbox",
+            "<p>This gateway does not answer to that host name; use its public URL.</p>",
+        ),
+    )
 }
 
 fn unavailable() -> Response {

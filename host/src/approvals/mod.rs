@@ -28,7 +28,6 @@ pub use token::{ApprovalGrant, Keyring, TokenError};
 pub struct ApprovalDesk {
     pub keyring: std::sync::Arc<Keyring>,
     pub owners: inbox::Owners,
-    pub sessions: inbox::OwnerSessions,
     /// The gateway's address as a browser reaches it.
     pub public_url: String,
 }
@@ -146,9 +145,17 @@ impl ApprovalNotice {
     }
 }
 
+/// Argument names whose values are never shown, whatever their type: a PIN or a CVC is short
+/// enough to be shown whole otherwise.
+const SECRET_NAMES: [&str; 14] = [
+    "pin", "cvc", "cvv", "otp", "password", "passwd", "secret", "token", "ssn", "card", "iban",
+    "account", "code", "key",
+];
+
 /// One line per top-level argument for the approver: numbers and booleans as given (an
 /// approver must see the amount), strings cut to their first four characters, nested values
-/// by their size only. Enough to recognise the call, not enough to leak a whole value.
+/// by their size only, and nothing of a value whose name suggests a secret. Enough to
+/// recognise the call, not enough to leak a whole value.
 pub fn summarize(arguments: &Value) -> Vec<String> {
     let Value::Object(arguments) = arguments else {
         return Vec::new();
@@ -156,7 +163,10 @@ pub fn summarize(arguments: &Value) -> Vec<String> {
     arguments
         .iter()
         .map(|(name, value)| {
+            let lowered = name.to_ascii_lowercase();
+            let secret = SECRET_NAMES.iter().any(|s| lowered.contains(s));
             let shown = match value {
+                _ if secret => "(hidden)".to_owned(),
                 Value::Null => "null".to_owned(),
                 Value::Bool(b) => b.to_string(),
                 Value::Number(n) => n.to_string(),
@@ -215,7 +225,11 @@ mod tests {
             "amount": 500,
             "reason": "dup",
             "meta": {"a": 1},
+            "pin": "1234",
+            "card_cvc": 123,
         }));
+        assert!(lines.contains(&"pin = (hidden)".to_owned()));
+        assert!(lines.contains(&"card_cvc = (hidden)".to_owned()));
         assert!(lines.contains(&"amount = 500".to_owned()));
         assert!(lines.contains(&"charge = \"ch_s…\" (14 chars)".to_owned()));
         assert!(lines.contains(&"reason = \"dup\"".to_owned()));

@@ -141,21 +141,34 @@ impl Keyring {
             dec: decision,
             exp: ticket.expires_at_ms,
         };
-        let body = URL_SAFE_NO_PAD.encode(serde_json::to_vec(&payload).expect("plain data"));
-        let signed = format!("{PREFIX}.{}.{body}", self.signer_id);
+        self.seal(PREFIX, &payload)
+    }
+
+    /// `<prefix>.<key id>.<payload>.<signature>`: the prefix separates uses (approval tokens,
+    /// owner sessions), so one kind can never be presented as the other.
+    pub fn seal(&self, prefix: &str, payload: &impl Serialize) -> String {
+        let body = URL_SAFE_NO_PAD.encode(serde_json::to_vec(payload).expect("plain data"));
+        let signed = format!("{prefix}.{}.{body}", self.signer_id);
         let signature = self.signer.sign(signed.as_bytes());
         format!("{signed}.{}", URL_SAFE_NO_PAD.encode(signature.to_bytes()))
     }
 
-    /// Checks the signature first, then expiry: an expired token is reported as expired only
-    /// when it is genuine.
-    pub fn verify(&self, token: &str, now_ms: u64) -> Result<ApprovalGrant, TokenError> {
-        let (signed, signature) = token.rsplit_once('.').ok_or(TokenError::Malformed)?;
+    /// The payload of a sealed value, if its prefix is `prefix` and its signature verifies
+    /// under an accepted key.
+    pub fn open<T: serde::de::DeserializeOwned>(
+        &self,
+        prefix: &str,
+        sealed: &str,
+    ) -> Result<T, TokenError> {
+        let (signed, signature) = sealed.rsplit_once('.').ok_or(TokenError::Malformed)?;
         let mut parts = signed.splitn(3, '.');
-        let (Some(PREFIX), Some(key_id), Some(body)) = (parts.next(), parts.next(), parts.next())
+        let (Some(kind), Some(key_id), Some(body)) = (parts.next(), parts.next(), parts.next())
         else {
             return Err(TokenError::Malformed);
         };
+        if kind != prefix {
+            return Err(TokenError::Malformed);
+        }
         let key = self.verifiers.get(key_id).ok_or(TokenError::UnknownKey)?;
         let signature: [u8; 64] = URL_SAFE_NO_PAD
             .decode(signature)
@@ -164,11 +177,17 @@ impl Keyring {
             .ok_or(TokenError::Malformed)?;
         key.verify_strict(signed.as_bytes(), &Signature::from_bytes(&signature))
             .map_err(|_| TokenError::BadSignature)?;
-        let payload: Payload = URL_SAFE_NO_PAD
+        URL_SAFE_NO_PAD
             .decode(body)
             .ok()
             .and_then(|bytes| serde_json::from_slice(&bytes).ok())
-            .ok_or(TokenError::Malformed)?;
+            .ok_or(TokenError::Malformed)
+    }
+
+    /// Checks the signature first, then expiry: an expired token is reported as expired only
+    /// when it is genuine.
+    pub fn verify(&self, token: &str, now_ms: u64) -> Result<ApprovalGrant, TokenError> {
+        let payload: Payload = self.open(PREFIX, token)?;
         if now_ms >= payload.exp {
             return Err(TokenError::Expired);
         }

@@ -2,8 +2,9 @@
 //! the key that asked for them.
 //!
 //! `GET /v1/receipts?limit=N` (newest first) and `GET /v1/receipts/{id}`, authenticated with
-//! a key of the workspace (`Authorization: Bearer <key>`, scope `receipts`). A receipt of
-//! another workspace answers exactly like one that does not exist.
+//! the workspace's owner token or a key of the workspace with the `receipts` scope
+//! (`Authorization: Bearer …`). A receipt of another workspace answers exactly like one that
+//! does not exist; so does a refusal receipt to a key (only the owner sees refusals).
 //!
 //! `GET /v1/approvals/{id}` (scope `approvals`): the state of a held call, and once the owner
 //! decided, the signed token to resume it with. Only the key whose call was held sees it.
@@ -23,7 +24,7 @@ use crate::approvals::{
 use crate::error::ObolError;
 use crate::gateway::Gateway;
 use crate::policy::{Scope, VirtualKey};
-use crate::store::now_ms;
+use crate::store::{Receipt, now_ms};
 
 pub fn router(gateway: Arc<Gateway>) -> Router {
     Router::new()
@@ -63,18 +64,57 @@ fn authenticate(
         })
 }
 
+/// Who reads receipts: the workspace owner (its owner token) sees every receipt; a key with
+/// the receipts scope sees all but refusals, whose reasons would undo existence hiding.
+struct Reader {
+    workspace: String,
+    owner: bool,
+}
+
+impl Reader {
+    fn admit(gateway: &Gateway, headers: &HeaderMap) -> Result<Reader, Box<Response>> {
+        let presented = crate::mcp::single_header(headers, header::AUTHORIZATION.as_str())
+            .ok()
+            .flatten()
+            .and_then(|value| value.strip_prefix("Bearer "));
+        if let Some(workspace) = presented.and_then(|t| gateway.approvals.owners.workspace(t)) {
+            return Ok(Reader {
+                workspace: workspace.to_owned(),
+                owner: true,
+            });
+        }
+        let key = authenticate(gateway, headers, Scope::Receipts)?;
+        Ok(Reader {
+            workspace: key.workspace.clone(),
+            owner: false,
+        })
+    }
+
+    fn may_read(&self, receipt: &Receipt) -> bool {
+        self.owner || !receipt.refusal
+    }
+}
+
 async fn list(
     State(gateway): State<Arc<Gateway>>,
     headers: HeaderMap,
     Query(query): Query<ListQuery>,
 ) -> Response {
-    let key = match authenticate(&gateway, &headers, Scope::Receipts) {
-        Ok(key) => key,
+    let reader = match Reader::admit(&gateway, &headers) {
+        Ok(reader) => reader,
         Err(response) => return *response,
     };
     let limit = query.limit.unwrap_or(50).clamp(1, 1000);
-    match gateway.services.store.receipts(&key.workspace, limit).await {
-        Ok(receipts) => axum::Json(json!({ "receipts": receipts })).into_response(),
+    match gateway
+        .services
+        .store
+        .receipts(&reader.workspace, limit)
+        .await
+    {
+        Ok(mut receipts) => {
+            receipts.retain(|r| reader.may_read(r));
+            axum::Json(json!({ "receipts": receipts })).into_response()
+        }
         Err(_) => error(
             StatusCode::SERVICE_UNAVAILABLE,
             "store_unavailable",
@@ -88,13 +128,13 @@ async fn show(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Response {
-    let key = match authenticate(&gateway, &headers, Scope::Receipts) {
-        Ok(key) => key,
+    let reader = match Reader::admit(&gateway, &headers) {
+        Ok(reader) => reader,
         Err(response) => return *response,
     };
-    match gateway.services.store.receipt(&key.workspace, &id).await {
-        Ok(Some(receipt)) => axum::Json(receipt).into_response(),
-        Ok(None) => error(StatusCode::NOT_FOUND, "not_found", "no such receipt"),
+    match gateway.services.store.receipt(&reader.workspace, &id).await {
+        Ok(Some(receipt)) if reader.may_read(&receipt) => axum::Json(receipt).into_response(),
+        Ok(_) => error(StatusCode::NOT_FOUND, "not_found", "no such receipt"),
         Err(_) => error(
             StatusCode::SERVICE_UNAVAILABLE,
             "store_unavailable",

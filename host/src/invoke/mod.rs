@@ -45,6 +45,37 @@ pub struct Services {
     pub lease: Duration,
     /// Where the owner's inbox is (`inbox_url` in -32003).
     pub inbox_base: String,
+    /// How many refusal receipts each key has left this minute.
+    pub refusals: RefusalBudget,
+}
+
+/// Refusal receipts are written at most [`RefusalBudget::PER_MINUTE`] times a minute per key,
+/// so a key sending junk names cannot grow the store or push real receipts out of listings;
+/// beyond that, one log line per minute counts them.
+#[derive(Debug, Default)]
+pub struct RefusalBudget {
+    spent: std::sync::Mutex<std::collections::HashMap<crate::policy::KeyHash, (u64, u32)>>,
+}
+
+impl RefusalBudget {
+    pub const PER_MINUTE: u32 = 60;
+
+    fn take(&self, key: &VirtualKey) -> bool {
+        let minute = now_ms() / 60_000;
+        let mut spent = self.spent.lock().expect("refusal budget");
+        if spent.len() > 10_000 {
+            spent.retain(|_, (m, _)| *m == minute);
+        }
+        let entry = spent.entry(key.hash).or_insert((minute, 0));
+        if entry.0 != minute {
+            *entry = (minute, 0);
+        }
+        entry.1 += 1;
+        if entry.1 == Self::PER_MINUTE + 1 {
+            tracing::warn!(key = %key.name, "more than {} refused calls this minute; not recording receipts for the rest of it", Self::PER_MINUTE);
+        }
+        entry.1 <= Self::PER_MINUTE
+    }
 }
 
 /// A `tools/call` as the client sent it.
@@ -207,8 +238,11 @@ async fn prepare_call(
     let pin = Pin::new(
         RequestHash::of_arguments(&arguments),
         tool.effect.propagation.pinned(),
+        // The connection is part of the destination: an approval or a claim for one vendor
+        // account can never be spent on another, even with the same origin.
         format!(
-            "{}@{} {} {} {}",
+            "{} {}@{} {} {} {}",
+            route.connection.id,
             route.connector.manifest.name,
             route.connector.manifest.version,
             prepared.method(),
@@ -370,16 +404,13 @@ async fn awaiting(services: &Services, call: &Call, record: ClaimRecord) -> Obol
         Ok(stored) => stored,
         Err(_) => return ObolError::StoreUnavailable,
     };
-    let ticket = match stored {
-        Some(ticket) => ticket,
-        None => {
-            let ticket = ticket_for(call, &record, approval_id.clone(), *expires_at_ms);
-            if services.store.put_ticket(&ticket).await.is_err() {
-                return ObolError::StoreUnavailable;
-            }
-            ticket
-        }
-    };
+    let ticket =
+        stored.unwrap_or_else(|| ticket_for(call, &record, approval_id.clone(), *expires_at_ms));
+    // Written again while pending: a no-op for a complete ticket, and the repair of one whose
+    // write (or, on Redis, whose inbox entry) was lost.
+    if ticket.status == TicketStatus::Pending && services.store.put_ticket(&ticket).await.is_err() {
+        return ObolError::StoreUnavailable;
+    }
     let error = match ticket.status {
         _ if ticket.expired(now_ms()) => ObolError::ApprovalExpired,
         TicketStatus::Denied { .. } => ObolError::ApprovalDenied,
@@ -707,8 +738,21 @@ async fn attempt(
             let mut next = held.clone();
             next.version += 1;
             next.attempts -= 1;
-            next.state = ClaimState::Claimed;
-            next.lease_until_ms = now_ms();
+            match &call.approval {
+                // An approved call goes back to its hold, not to a free slot: only the token
+                // may move it on again, never a plain call under the same key.
+                Some(grant) => {
+                    next.state = ClaimState::AwaitingApproval {
+                        approval_id: grant.approval_id.clone(),
+                        expires_at_ms: grant.expires_at_ms,
+                    };
+                    next.lease_until_ms = grant.expires_at_ms;
+                }
+                None => {
+                    next.state = ClaimState::Claimed;
+                    next.lease_until_ms = now_ms();
+                }
+            }
             if !matches!(
                 services
                     .store
@@ -860,6 +904,9 @@ fn record_refusal(
     name: &str,
     arguments: &Map<String, Value>,
 ) {
+    if !services.refusals.take(key) {
+        return;
+    }
     // The name is the client's: keep a bounded prefix of it.
     let shown: String = name.chars().take(200).collect();
     let mut connection = None;

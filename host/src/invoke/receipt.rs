@@ -52,6 +52,7 @@ pub fn build(
         matched_policies: call.verdict.policies.clone(),
         approval_id: call.approval.as_ref().map(|g| g.approval_id.to_string()),
         key_name: Some(call.key_name.clone()),
+        refusal: false,
         created_at_ms: record.created_at_ms,
         finalized_at_ms: now_ms(),
     }
@@ -83,6 +84,7 @@ pub fn held(ticket: &Ticket, record: &ClaimRecord, note: &str) -> Receipt {
         matched_policies: ticket.policies.clone(),
         approval_id: Some(ticket.id.to_string()),
         key_name: Some(ticket.key_name.clone()),
+        refusal: false,
         created_at_ms: record.created_at_ms,
         finalized_at_ms: now_ms(),
     }
@@ -117,6 +119,7 @@ pub fn refused(
         matched_policies: verdict.map(|v| v.policies.clone()).unwrap_or_default(),
         approval_id: None,
         key_name: Some(key.name.clone()),
+        refusal: true,
         created_at_ms: now,
         finalized_at_ms: now,
     }

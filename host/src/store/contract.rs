@@ -52,6 +52,7 @@ fn receipt(record: &ClaimRecord, claim: &ClaimKey) -> Receipt {
         matched_policies: Vec::new(),
         approval_id: None,
         key_name: None,
+        refusal: false,
         created_at_ms: record.created_at_ms,
         finalized_at_ms: now_ms(),
     }

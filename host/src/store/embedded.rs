@@ -155,6 +155,10 @@ impl EmbeddedStore {
     }
 
     pub async fn put_ticket(&self, ticket: &Ticket) -> Result<(), StoreError> {
+        // Already there (the common repeat): no write, no fsync.
+        if self.ticket(&ticket.id).await?.is_some() {
+            return Ok(());
+        }
         self.ask(|reply| Op::PutTicket {
             ticket: Box::new(ticket.clone()),
             reply,

@@ -204,6 +204,9 @@ pub struct Receipt {
     /// The name of the key that made the call.
     #[serde(default)]
     pub key_name: Option<String>,
+    /// An `Unknown tool` refusal: readable by the workspace owner only.
+    #[serde(default)]
+    pub refusal: bool,
     pub created_at_ms: u64,
     pub finalized_at_ms: u64,
 }

@@ -49,8 +49,13 @@ return 1
 /// does. The per-workspace approvals stream carries each ticket's id, tool, idempotency key,
 /// request hash, destination and `expires_at_ms`; stream entries cannot expire, so readers
 /// judge expiry by that field and by the hash being gone.
+/// `x` marks a ticket whose stream entry was written: a ticket without it (the stream write
+/// failed after the script) gets its entry on the next put, so the inbox always lists it.
 const PUT_TICKET: &str = r"
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  if redis.call('HEXISTS', KEYS[1], 'x') == 1 then return 0 end
+  return 2
+end
 redis.call('HSET', KEYS[1], 's', 'pending', 't', ARGV[1])
 redis.call('PEXPIREAT', KEYS[1], ARGV[2])
 return 1
@@ -316,7 +321,7 @@ impl RedisStore {
             .invoke_async(&mut connection)
             .await
             .map_err(failed)?;
-        if created == 1 {
+        if created != 0 {
             let stream = format!("obol:approvals:{}", ticket.workspace);
             redis::pipe()
                 .cmd("XADD")
@@ -339,6 +344,8 @@ impl RedisStore {
                 .arg(ticket.expires_at_ms)
                 .ignore()
                 .expire(&stream, RETENTION_SECONDS as i64)
+                .ignore()
+                .hset(ticket_key(&ticket.id), "x", 1)
                 .ignore()
                 .query_async::<()>(&mut connection)
                 .await
@@ -365,8 +372,12 @@ impl RedisStore {
             .query_async(&mut connection)
             .await
             .map_err(failed)?;
-        let mut out = Vec::new();
+        let mut out: Vec<Ticket> = Vec::new();
         for id in stream_ids(&entries) {
+            // A repaired entry may list a ticket twice.
+            if out.iter().any(|t| t.id.as_str() == id) {
+                continue;
+            }
             if let Some(id) = ApprovalId::parse(&id)
                 && let Some(ticket) = self.ticket(&id).await?
             {
