@@ -13,7 +13,7 @@ use crate::support::{GatewayConfig, GatewayProcess, McpClient, MockVendor, RawMc
 
 const OWNER: &str = "obo_test_acme_owner";
 /// A prod key that names the destructive tool verbatim, with the approvals scope.
-const AGENT: &str = "obk_prod_agent";
+pub const AGENT: &str = "obk_prod_agent";
 /// Another key of the same workspace.
 const OTHER: &str = "obk_prod_other";
 const NO_APPROVALS: &str = "obk_prod_no_approvals";
@@ -30,7 +30,7 @@ fn prod_key(token: &str, scopes: &[&str]) -> Key {
     key
 }
 
-fn prod_config(vendor: &MockVendor) -> GatewayConfig {
+pub fn prod_config(vendor: &MockVendor) -> GatewayConfig {
     prod_config_at(&vendor.base_url())
 }
 
@@ -217,7 +217,8 @@ async fn refused_before_mcp(
     (r.status, r.error_type())
 }
 
-async fn approve(gateway: &GatewayProcess, id: &str) -> String {
+/// The owner approves `id` in the inbox; returns the agent's token.
+pub async fn approve(gateway: &GatewayProcess, id: &str) -> String {
     let owner = OwnerSession::sign_in(gateway, OWNER).await.unwrap();
     let csrf = owner.csrf().await;
     assert_eq!(owner.decide(id, "approve", &csrf, None).await, 303);

@@ -9,6 +9,35 @@ use std::process::Command;
 
 use crate::support::{GatewayConfig, GatewayProcess, MockVendor, TOKEN};
 
+/// Runs a script of `tests/python/` with arguments; returns its JSON report.
+async fn run_script(name: &str, args: Vec<String>) -> serde_json::Value {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/python")
+        .join(name);
+    let python = python();
+    let output = tokio::task::spawn_blocking(move || {
+        Command::new(&python)
+            .arg(script)
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{}: {e} (run .ci/test or set OBOL_PYTHON)",
+                    python.display()
+                )
+            })
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "python client failed:\n{stdout}\n{stderr}"
+    );
+    serde_json::from_str(stdout.trim()).unwrap()
+}
+
 fn python() -> PathBuf {
     if let Some(python) = std::env::var_os("OBOL_PYTHON") {
         return python.into();
@@ -21,27 +50,7 @@ fn python() -> PathBuf {
 async fn the_official_python_sdk_lists_and_calls_tools() {
     let vendor = MockVendor::start().await;
     let gateway = GatewayProcess::start(&GatewayConfig::new(&vendor.base_url()));
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/python/client.py");
-    let python = python();
-    let output = tokio::task::spawn_blocking(move || {
-        Command::new(&python)
-            .arg(script)
-            .arg(&gateway.url)
-            .arg(TOKEN)
-            .output()
-            .unwrap_or_else(|e| {
-                panic!("{}: {e} (run .ci/run or set OBOL_PYTHON)", python.display())
-            })
-    })
-    .await
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "python client failed:\n{stdout}\n{stderr}"
-    );
-    let report: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    let report = run_script("client.py", vec![gateway.url.clone(), TOKEN.into()]).await;
     let tools = report["tools"].as_array().unwrap();
     assert!(tools.iter().any(|t| t == "stripe.charges.list"), "{report}");
     assert_eq!(report["call"]["isError"], false, "{report}");
@@ -52,4 +61,38 @@ async fn the_official_python_sdk_lists_and_calls_tools() {
     assert_eq!(report["unknown"]["code"], -32602, "{report}");
     assert_eq!(report["unknown"]["message"], "Unknown tool", "{report}");
     assert_eq!(vendor.count("/v1/charges"), 1);
+}
+
+/// The approval round trip as a client built on the official SDK sees it: `-32003` with the
+/// approval object in `error.data`, then the same call with the two resume headers.
+#[tokio::test]
+async fn the_official_python_sdk_sees_the_hold_and_resumes() {
+    let vendor = MockVendor::start().await;
+    vendor.on(
+        "/v1/refunds",
+        crate::support::Reply::json(
+            200,
+            serde_json::json!({"id": "re_py", "object": "refund", "amount": 700, "charge": "ch_py", "status": "succeeded"}),
+        ),
+    );
+    let gateway = GatewayProcess::start(&crate::approvals::prod_config(&vendor));
+    let key = crate::idempotency::key("python");
+    let agent = crate::approvals::AGENT.to_owned();
+    let held = run_script(
+        "approval.py",
+        vec![gateway.url.clone(), agent.clone(), key.clone()],
+    )
+    .await;
+    assert_eq!(held["code"], -32003, "{held}");
+    let approval = &held["data"]["approval"];
+    assert_eq!(approval["tool"], "stripe.create_refund", "{held}");
+    let id = approval["approval_id"].as_str().unwrap().to_owned();
+    let token = crate::approvals::approve(&gateway, &id).await;
+    let done = run_script(
+        "approval.py",
+        vec![gateway.url.clone(), agent, key, id, token],
+    )
+    .await;
+    assert_eq!(done["isError"], false, "{done}");
+    assert_eq!(vendor.count("/v1/refunds"), 1);
 }

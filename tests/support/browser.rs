@@ -86,16 +86,19 @@ impl Browser {
         button.click().await.unwrap();
     }
 
-    /// The text of the element `css` selects, once it appears (10 s at most).
+    /// The text of the element `css` selects, once it appears (10 s at most). A page that
+    /// is being replaced (a form was just submitted) is simply asked again.
     pub async fn text_of(&self, css: &str) -> String {
-        let element = self
-            .client
-            .wait()
-            .at_most(Duration::from_secs(10))
-            .for_element(Locator::Css(css))
-            .await
-            .unwrap_or_else(|e| panic!("{css} never appeared: {e}"));
-        element.text().await.unwrap()
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(element) = self.client.find(Locator::Css(css)).await
+                && let Ok(text) = element.text().await
+            {
+                return text;
+            }
+            assert!(std::time::Instant::now() < deadline, "{css} never appeared");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     pub async fn close(self) {
