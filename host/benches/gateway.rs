@@ -452,6 +452,13 @@ async fn end_to_end(redis: &Redis) {
 
     // The gateway, in this process: one on the embedded store, one on Redis.
     let dir = tempfile::tempdir().unwrap();
+    // Redis requires a shared approval signing key (approvals play no part in this call).
+    let signing_key = dir.path().join("approval.key");
+    std::fs::write(
+        &signing_key,
+        hex::encode(obol::approvals::token::generate_signing_key().to_bytes()),
+    )
+    .unwrap();
     let mut urls = Vec::new();
     for store in [
         format!("path = {:?}", dir.path().join("obol.redb")),
@@ -476,6 +483,8 @@ async fn end_to_end(redis: &Redis) {
         workspace = "bench"
         environment = "dev"
         allowed_tools = ["stripe.*"]
+        [approvals]
+        signing_key = {{ id = "bench", file = {signing_key:?} }}
         [store]
         {store}
         "#,

@@ -2,6 +2,7 @@
 //! which `.ci/run` installs).
 
 use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 
 use std::time::Duration;
@@ -14,12 +15,16 @@ pub struct Browser {
     _profile: tempfile::TempDir,
 }
 
-/// Killed on drop, so a failing test leaves no chromedriver behind.
+/// chromedriver in a process group of its own, killed whole on drop: a failing test leaves
+/// neither chromedriver nor the Chromium it started behind (killing chromedriver alone
+/// orphans the browser).
 struct Driver(Child);
 
 impl Drop for Driver {
     fn drop(&mut self) {
-        let _ = self.0.kill();
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", "--", &format!("-{}", self.0.id())])
+            .status();
         let _ = self.0.wait();
     }
 }
@@ -31,6 +36,7 @@ impl Browser {
             probe.local_addr().unwrap().port()
         };
         let mut driver = Command::new("chromedriver")
+            .process_group(0)
             .arg(format!("--port={port}"))
             .arg("--allowed-ips=127.0.0.1")
             .stdout(Stdio::piped())
