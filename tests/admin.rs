@@ -268,23 +268,24 @@ async fn gateways_sharing_redis_see_each_others_keys() {
     let token = created["token"].as_str().unwrap().to_owned();
     assert_eq!(initialize_status(&a, &token).await, 200);
     // B learns of it by polling the registry (every 2 s).
-    let mut seen = false;
-    for _ in 0..60 {
-        if initialize_status(&b, &token).await == 200 {
-            seen = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(seen, "the second gateway never accepted the key");
+    assert!(
+        becomes(&b, &token, 200).await,
+        "the second gateway never accepted the key"
+    );
     obol(&a, &["keys", "revoke", "shared"]);
-    let mut refused = false;
+    assert!(
+        becomes(&b, &token, 401).await,
+        "the second gateway kept accepting a revoked key"
+    );
+}
+
+/// Whether `initialize` with `token` answers `status` within 6 s.
+async fn becomes(gateway: &GatewayProcess, token: &str, status: u16) -> bool {
     for _ in 0..60 {
-        if initialize_status(&b, &token).await == 401 {
-            refused = true;
-            break;
+        if initialize_status(gateway, token).await == status {
+            return true;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(refused, "the second gateway kept accepting a revoked key");
+    false
 }

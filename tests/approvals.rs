@@ -561,14 +561,13 @@ async fn denial_expiry_destinations_lost_claims_and_key_rotation() {
     let mut rotated = config.clone();
     rotated.extra = signing(keys.path(), ("k2", &k2), &[("k1", &k1)]);
     let gateway = GatewayProcess::start_in(&rotated, dir);
-    let overlap_token = late_token.clone();
     // ...(checked on initialize, before any call is made)...
     let initialize = RawMcp::new(&gateway.url)
         .post(
             Some(AGENT),
             None,
             &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}}).to_string(),
-            &[("obol-approval-id", &late_id), ("obol-approval-token", &overlap_token)],
+            &[("obol-approval-id", &late_id), ("obol-approval-token", &late_token)],
         )
         .await;
     assert_eq!(initialize.status, 200, "{initialize:?}");

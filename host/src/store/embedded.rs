@@ -328,6 +328,18 @@ fn newest<T: serde::de::DeserializeOwned>(
     Ok(out)
 }
 
+/// One JSON record by key, inside a write transaction.
+fn json_in<T: serde::de::DeserializeOwned>(
+    table: &redb::Table<&str, &[u8]>,
+    key: &str,
+) -> Result<Option<T>, StoreError> {
+    table
+        .get(key)
+        .map_err(failed)?
+        .map(|bytes| serde_json::from_slice(bytes.value()).map_err(failed))
+        .transpose()
+}
+
 /// Stores a receipt, lists it (newest first) and appends its audit record.
 fn write_receipt(
     receipts: &mut redb::Table<&str, &[u8]>,
@@ -477,12 +489,7 @@ fn apply(db: &Database, batch: &[Op]) -> Result<Vec<Applied>, StoreError> {
                     receipt,
                     ..
                 } => {
-                    let current = claims
-                        .get(slot.as_str())
-                        .map_err(failed)?
-                        .map(|bytes| serde_json::from_slice::<ClaimRecord>(bytes.value()))
-                        .transpose()
-                        .map_err(failed)?;
+                    let current: Option<ClaimRecord> = json_in(&claims, slot)?;
                     let matches = current.is_some_and(|c| c.version == *expected_version);
                     if matches {
                         claims
@@ -530,12 +537,7 @@ fn apply(db: &Database, batch: &[Op]) -> Result<Vec<Applied>, StoreError> {
                     at_ms,
                     ..
                 } => {
-                    let current = tickets
-                        .get(id.as_str())
-                        .map_err(failed)?
-                        .map(|bytes| serde_json::from_slice::<Ticket>(bytes.value()))
-                        .transpose()
-                        .map_err(failed)?;
+                    let current: Option<Ticket> = json_in(&tickets, id.as_str())?;
                     let outcome = match current {
                         None => Decided::Missing,
                         Some(ticket) if ticket.status != TicketStatus::Pending => {
