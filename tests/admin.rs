@@ -10,7 +10,7 @@ use crate::support::{
     GatewayConfig, GatewayProcess, McpClient, MockVendor, RawMcp, RedisServer, TOKEN, key_hash,
 };
 
-const ADMIN: &str = "oba_test_admin_token";
+pub const ADMIN: &str = "oba_test_admin_token";
 
 fn admin_config(vendor: &MockVendor) -> GatewayConfig {
     let mut config = GatewayConfig::new(&vendor.base_url());
@@ -23,7 +23,7 @@ fn base(gateway: &GatewayProcess) -> String {
 }
 
 /// Runs `obol` against the gateway's admin API; returns (exit code, JSON answer).
-fn obol(gateway: &GatewayProcess, args: &[&str]) -> (i32, Value) {
+pub fn obol(gateway: &GatewayProcess, args: &[&str]) -> (i32, Value) {
     let url = base(gateway);
     let mut full: Vec<&str> = args.to_vec();
     full.extend(["--url", url.as_str(), "--admin-token", ADMIN]);

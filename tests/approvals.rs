@@ -34,7 +34,7 @@ pub fn prod_config(vendor: &MockVendor) -> GatewayConfig {
     prod_config_at(&vendor.base_url())
 }
 
-fn prod_config_at(vendor: &str) -> GatewayConfig {
+pub fn prod_config_at(vendor: &str) -> GatewayConfig {
     let mut config = GatewayConfig::new(vendor);
     config.environment = Some("prod".into());
     config.owner = Some(OWNER.into());
@@ -87,7 +87,7 @@ fn base(gateway: &GatewayProcess) -> String {
 }
 
 /// Calls the refund and expects the hold; returns `error.data`.
-async fn held(gateway: &GatewayProcess, idempotency_key: &str, args: Value) -> Value {
+pub async fn held(gateway: &GatewayProcess, idempotency_key: &str, args: Value) -> Value {
     let client = McpClient::with_key(&gateway.url, AGENT, idempotency_key).await;
     let data = held_by(&client, args).await;
     assert_eq!(data["type"], json!("approval_required"));
@@ -95,7 +95,7 @@ async fn held(gateway: &GatewayProcess, idempotency_key: &str, args: Value) -> V
 }
 
 /// `GET /v1/approvals/{id}` as `token`.
-async fn approval(gateway: &GatewayProcess, token: &str, id: &str) -> (u16, Value) {
+pub async fn approval(gateway: &GatewayProcess, token: &str, id: &str) -> (u16, Value) {
     let response = reqwest::Client::new()
         .get(format!("{}/v1/approvals/{id}", base(gateway)))
         .bearer_auth(token)
@@ -182,7 +182,7 @@ impl OwnerSession {
 
 /// A client that resumes: the approval headers (and optionally an idempotency key) on every
 /// request.
-async fn resumer(
+pub async fn resumer(
     gateway: &GatewayProcess,
     token: &str,
     id: &str,
@@ -487,7 +487,7 @@ async fn resumes_that_do_not_match_the_approved_call_are_refused() {
         .await;
     assert_eq!(
         (code, data.unwrap()["type"].clone()),
-        (-32040, json!("idempotency_conflict"))
+        (-32019, json!("idempotency_conflict"))
     );
     assert!(vendor.seen().is_empty());
 }
@@ -553,7 +553,7 @@ async fn denial_expiry_destinations_lost_claims_and_key_rotation() {
     let (code, _, data) = client.call_err(REFUND, args.clone()).await;
     assert_eq!(
         (code, data.unwrap()["type"].clone()),
-        (-32040, json!("idempotency_conflict"))
+        (-32019, json!("idempotency_conflict"))
     );
 
     // Rotation: k2 signs, k1 still verifies, so the approval survives the rotation...
@@ -656,11 +656,15 @@ async fn a_token_whose_claim_was_never_acquired_is_not_ready() {
     let (code, _, data) = client.call_err(REFUND, args.clone()).await;
     assert_eq!(
         (code, data.unwrap()["type"].clone()),
-        (-32041, json!("not_ready"))
+        (-32000, json!("not_ready"))
     );
     assert_eq!(vendor.count("/v1/refunds"), 0);
     // It stays that way: no claim appeared.
-    assert_eq!(client.call_err(REFUND, args).await.0, -32041);
+    let (code, _, data) = client.call_err(REFUND, args).await;
+    assert_eq!(
+        (code, data.unwrap()["type"].clone()),
+        (-32000, json!("not_ready"))
+    );
     assert_eq!(vendor.count("/v1/refunds"), 0);
 }
 
@@ -695,7 +699,9 @@ async fn concurrent_resumes_dispatch_exactly_once() {
             .unwrap();
             match client.call(REFUND, args).await {
                 Ok(result) => Ok(result.is_error),
-                Err(rmcp::ServiceError::McpError(error)) => Err(error.code.0),
+                Err(rmcp::ServiceError::McpError(error)) => {
+                    Err((error.code.0, error.data.map(|data| data["type"].clone())))
+                }
                 Err(other) => panic!("{other:?}"),
             }
         }));
@@ -707,7 +713,11 @@ async fn concurrent_resumes_dispatch_exactly_once() {
                 assert_eq!(is_error, Some(false));
                 ok += 1;
             }
-            Err(code) => assert_eq!(code, -32041, "only not_ready may lose the race"),
+            Err(refused) => assert_eq!(
+                refused,
+                (-32000, Some(json!("not_ready"))),
+                "only not_ready may lose the race"
+            ),
         }
     }
     assert!(ok >= 1);
@@ -800,13 +810,21 @@ async fn an_approved_call_that_could_not_be_sent_stays_held() {
     let id = data["approval"]["approval_id"].as_str().unwrap().to_owned();
     let token = approve(&gateway, &id).await;
     let client = resumer(&gateway, AGENT, &id, &token, None).await;
-    assert_eq!(client.call_err(REFUND, args.clone()).await.0, -32033);
+    let (code, _, data) = client.call_err(REFUND, args.clone()).await;
+    assert_eq!(
+        (code, data.unwrap()["type"].clone()),
+        (-32000, json!("upstream_unreachable"))
+    );
     // The slot went back to its hold: a plain call under the key is held again, not sent...
     let plain = McpClient::with_key(&gateway.url, AGENT, &k).await;
     let again = held_by(&plain, args.clone()).await;
     assert_eq!(again["approval"]["approval_id"], json!(id));
     // ...and the token still resumes it.
-    assert_eq!(client.call_err(REFUND, args).await.0, -32033);
+    let (code, _, data) = client.call_err(REFUND, args).await;
+    assert_eq!(
+        (code, data.unwrap()["type"].clone()),
+        (-32000, json!("upstream_unreachable"))
+    );
 }
 
 async fn held_by(client: &McpClient, args: Value) -> Value {

@@ -8,12 +8,14 @@
 //! - `python_client`: the official Python `mcp` SDK against the gateway.
 //! - `admin`: keys and publications managed on a running gateway (`obol keys`, `obol policies`).
 //! - `approvals`: held destructive calls, the owner's inbox (in headless Chromium), tokens.
+//! - `lifecycle`: attempt accounting over every path, hang-ups, unrecorded outcomes, key echo.
 
 mod support;
 
 mod admin;
 mod approvals;
 mod idempotency;
+mod lifecycle;
 mod policy;
 mod python_client;
 mod redis_store;

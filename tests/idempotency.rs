@@ -92,7 +92,7 @@ async fn a_replay_returns_the_stored_result_and_sends_nothing() {
     let (code, _, data) = client
         .call_err(REFUND, json!({"charge": "ch_42", "amount": 501}))
         .await;
-    assert_eq!(code, -32040);
+    assert_eq!(code, -32019);
     assert_eq!(
         data.as_ref().unwrap()["type"],
         json!("idempotency_conflict")
@@ -267,7 +267,14 @@ pub async fn storm(urls: &[String], k: &str, n: usize) -> (usize, usize) {
                 assert_eq!(result.is_error, Some(false), "{result:?}");
                 ok += 1;
             }
-            Err(rmcp::ServiceError::McpError(e)) if e.code.0 == -32041 => not_ready += 1,
+            Err(rmcp::ServiceError::McpError(e))
+                if e.code.0 == -32000
+                    && e.data
+                        .as_ref()
+                        .is_some_and(|d| d["type"] == json!("not_ready")) =>
+            {
+                not_ready += 1
+            }
             Err(other) => panic!("unexpected answer in the storm: {other:?}"),
         }
     }
@@ -342,8 +349,10 @@ async fn a_post_send_timeout_is_unknown_and_resent_only_with_a_binding() {
     let client = McpClient::with_key(&gateway.url, TOKEN, &k).await;
     let args = json!({"charge": "ch_t", "amount": 5});
     let (code, _, data) = client.call_err(REFUND, args.clone()).await;
-    assert_eq!(code, -32034, "{data:?}");
-    let receipt_id = data.unwrap()["receipt_id"].as_str().unwrap().to_owned();
+    assert_eq!(code, -32019, "{data:?}");
+    let data = data.unwrap();
+    assert_eq!(data["type"], json!("upstream_timeout"));
+    let receipt_id = data["receipt_id"].as_str().unwrap().to_owned();
     let first = receipt(&gateway, &receipt_id).await;
     assert_eq!(
         (first["attempt_count"].clone(), first["outcome"].clone()),
@@ -371,14 +380,16 @@ async fn a_post_send_timeout_is_unknown_and_resent_only_with_a_binding() {
     );
     let k = key("timeout_unbound");
     let tracker = McpClient::with_key(&gateway.url, TOKEN, &k).await;
-    let (code, _, _) = tracker
+    let (code, _, data) = tracker
         .call_err("tracker.issues.create", json!({"title": "t"}))
         .await;
-    assert_eq!(code, -32034);
-    let (code, _, _) = tracker
+    assert_eq!(code, -32019);
+    assert_eq!(data.unwrap()["type"], json!("upstream_timeout"));
+    let (code, _, data) = tracker
         .call_err("tracker.issues.create", json!({"title": "t"}))
         .await;
-    assert_eq!(code, -32034, "the stored unknown is replayed");
+    assert_eq!(code, -32019, "the stored unknown is replayed");
+    assert_eq!(data.unwrap()["type"], json!("upstream_timeout"));
     assert_eq!(vendor.count("/repos/acme/app/issues"), 1);
 }
 
@@ -395,8 +406,10 @@ async fn an_unrecorded_outcome_is_not_exposed_and_not_redispatched() {
     let args = json!({"title": "audit"});
     for _ in 0..2 {
         let (code, _, data) = client.call_err("tracker.issues.create", args.clone()).await;
-        assert_eq!(code, -32041, "{data:?}");
-        assert_eq!(data.unwrap()["retryable"], json!(true));
+        assert_eq!(code, -32000, "{data:?}");
+        let data = data.unwrap();
+        assert_eq!(data["type"], json!("not_ready"));
+        assert_eq!(data["retryable"], json!(true));
     }
     assert_eq!(
         vendor.count("/repos/acme/app/issues"),
@@ -444,13 +457,16 @@ async fn a_gateway_killed_mid_call_never_sends_twice() {
         let restarted = GatewayProcess::start_in(&config, dir);
         let client = McpClient::with_key(&restarted.url, TOKEN, &k).await;
         // While the dead holder's lease runs, the slot is in flight.
-        let (code, _, _) = client.call_err("tracker.issues.create", args.clone()).await;
-        assert_eq!(code, -32041, "{failpoint}");
+        let (code, _, data) = client.call_err("tracker.issues.create", args.clone()).await;
+        assert_eq!(code, -32000, "{failpoint}");
+        assert_eq!(data.unwrap()["type"], json!("not_ready"), "{failpoint}");
         tokio::time::sleep(Duration::from_millis(4100)).await;
         // Then it is finalized unknown: the tool has no vendor binding, so nothing is resent.
         let (code, _, data) = client.call_err("tracker.issues.create", args.clone()).await;
-        assert_eq!(code, -32034, "{failpoint}: {data:?}");
-        let receipt = receipt(&restarted, data.unwrap()["receipt_id"].as_str().unwrap()).await;
+        assert_eq!(code, -32019, "{failpoint}: {data:?}");
+        let data = data.unwrap();
+        assert_eq!(data["type"], json!("upstream_timeout"), "{failpoint}");
+        let receipt = receipt(&restarted, data["receipt_id"].as_str().unwrap()).await;
         assert_eq!(receipt["outcome"], json!("unknown"));
         assert_eq!(receipt["attempt_count"], json!(1));
         assert_eq!(
@@ -527,7 +543,8 @@ async fn an_unreachable_vendor_leaves_the_key_reusable_and_no_phantom_receipt() 
             .call_err(REFUND, json!({"charge": "ch_1", "amount": 1}))
             .await;
         let data = data.unwrap();
-        assert_eq!(code, -32033, "{data}");
+        assert_eq!(code, -32000, "{data}");
+        assert_eq!(data["type"], json!("upstream_unreachable"));
         assert_eq!(data["retryable"], json!(true));
         assert_eq!(data["idempotency_key"], json!(k));
         assert!(

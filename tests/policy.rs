@@ -1,11 +1,15 @@
 //! Who sees what: the errors before the MCP server, the prefilter rules, and existence hiding
 //! (issue 4, first part: keys, environments, freeze, scopes, prefilter with CEL).
 
-use serde_json::json;
+use obol::policy::cases::{self, Case, Universe};
+use rmcp::ServiceError;
+use serde_json::{Value, json};
 
 use crate::support::client::RawResponse;
 use crate::support::gateway::Key;
-use crate::support::{GatewayConfig, GatewayProcess, McpClient, MockVendor, RawMcp, TOKEN};
+use crate::support::{
+    GatewayConfig, GatewayProcess, McpClient, MockVendor, RawMcp, Reply, TOKEN, guests,
+};
 
 async fn names(gateway: &GatewayProcess, token: &str) -> Vec<String> {
     McpClient::connect(&gateway.url, token)
@@ -372,4 +376,151 @@ when { resource.environment == "prod" && resource.propagation == "unsupported" }
         .await;
     assert_eq!((code, message.as_str()), (-32602, "Unknown tool"));
     assert!(vendor.seen().is_empty());
+}
+
+/// Every tool of `acme` with the first-party connectors, and arguments its vendor call
+/// succeeds with.
+fn acme_tools() -> Vec<(String, Value)> {
+    [
+        ("stripe.create_refund", json!({"charge": "ch_1"})),
+        ("stripe.charges.list", json!({})),
+        ("tracker.issues.create", json!({"title": "x"})),
+        ("tracker.issues.get", json!({"number": 7})),
+        ("tracker.issues.close", json!({"number": 7})),
+    ]
+    .into_iter()
+    .map(|(name, arguments)| (name.to_owned(), arguments))
+    .collect()
+}
+
+/// Names no snapshot routes: absent, unloaded, malformed.
+const ABSENT: [&str; 3] = ["stripe.no_such_tool", "hostile.echo", "no-dot-here"];
+
+/// What the cases saw: tools listed, tools of the catalog hidden, and calls that ran to a
+/// result.
+#[derive(Default)]
+struct Tally {
+    listed: usize,
+    hidden: usize,
+    succeeded: usize,
+}
+
+/// Lists as the case's key, then calls every name: a listed tool must not answer
+/// `Unknown tool`, anything else must answer exactly that. The call may fail later for its
+/// own reasons (approval required, the vendor's answer); only existence is the property.
+async fn replay(gateway: &GatewayProcess, case: &Case, tally: &mut Tally) {
+    let client = McpClient::connect(&gateway.url, &token(case)).await;
+    let listed = client.tool_names().await;
+    let tools = acme_tools();
+    let mut calls = tools.clone();
+    calls.extend(ABSENT.map(|name| (name.to_owned(), json!({}))));
+    // Whatever is listed is called, even a name this test does not know.
+    for name in &listed {
+        if !calls.iter().any(|(n, _)| n == name) {
+            calls.push((name.clone(), json!({})));
+        }
+    }
+    for (name, arguments) in calls {
+        let answer = client.call(&name, arguments).await;
+        let unknown = match &answer {
+            Ok(_) => false,
+            Err(ServiceError::McpError(error)) => {
+                error.code.0 == -32602 && error.message == "Unknown tool" && error.data.is_none()
+            }
+            Err(other) => panic!("case {}: {name}: no JSON-RPC answer: {other}", case.number),
+        };
+        let is_listed = listed.contains(&name);
+        assert_eq!(
+            is_listed, !unknown,
+            "case {}: {name} listed={is_listed}, answered {answer:?}\nlisted {listed:?}\n{}key {:?} filter {:?}",
+            case.number, case.publication, case.allowed_tools, case.filter
+        );
+        if is_listed {
+            tally.listed += 1;
+        } else if tools.iter().any(|(n, _)| *n == name) {
+            tally.hidden += 1;
+        }
+        if matches!(&answer, Ok(result) if result.is_error != Some(true)) {
+            tally.succeeded += 1;
+        }
+    }
+    client.close().await;
+}
+
+fn token(case: &Case) -> String {
+    format!("obk_case_{}", case.number)
+}
+
+/// Listing equals calling through the real gateway (ADR-0005): every 20th of the property
+/// test's generated cases (`obol::policy::cases`), each a publication and a key pinned to it,
+/// replayed with real `tools/list` and `tools/call` requests. Keys must match the
+/// deployment's environment, so the dev and the prod cases each get a gateway.
+#[tokio::test]
+async fn a_sample_of_generated_cases_calls_exactly_what_it_lists() {
+    let universe = Universe {
+        connectors: &["stripe", "tracker"],
+        tools: &[
+            "create_refund",
+            "charges.list",
+            "issues.create",
+            "issues.get",
+            "issues.close",
+        ],
+    };
+    let sample: Vec<Case> = cases::generate(universe, 1000)
+        .into_iter()
+        .step_by(20)
+        .collect();
+    let vendor = MockVendor::start().await;
+    // The issue both `issues.get` and `issues.close` address (a PATCH would be echoed).
+    vendor.on(
+        "/repos/acme/app/issues/7",
+        Reply::json(
+            200,
+            json!({"number": 7, "title": "Crash on start", "state": "closed", "url": "https://tracker.example/o/r/issues/7", "html_url": "https://tracker.example/o/r/issues/7"}),
+        ),
+    );
+    let mut tally = Tally::default();
+    for prod in [false, true] {
+        let cases: Vec<&Case> = sample.iter().filter(|case| case.prod == prod).collect();
+        let environment = if prod { "prod" } else { "dev" };
+        let mut config = GatewayConfig::new(&vendor.base_url());
+        // The hostile connector's tools would spin and flood when listed; its connection
+        // stays configured, and unroutable.
+        config.components = vec![guests::PAYMENTS.into(), guests::TRACKER.into()];
+        config.environment = Some(environment.into());
+        config.publications = cases
+            .iter()
+            .zip(1..)
+            .map(|(case, number)| (number, case.publication.clone()))
+            .collect();
+        config.keys = cases
+            .iter()
+            .zip(1..)
+            .map(|(case, number): (&&Case, u32)| {
+                let mut key = Key::new(&token(case), "acme", &[]);
+                key.allowed_tools = case.allowed_tools.clone();
+                key.environment = environment.into();
+                key.filter = case.filter.clone();
+                key.policy = Some(number.to_string());
+                key
+            })
+            .collect();
+        let gateway = GatewayProcess::start(&config);
+        for case in cases {
+            replay(&gateway, case, &mut tally).await;
+        }
+    }
+    // The sample exercises both sides, and listed calls do reach the vendor.
+    assert!(
+        sample.iter().any(|c| c.prod) && sample.iter().any(|c| !c.prod),
+        "both environments"
+    );
+    assert!(
+        tally.listed >= 30 && tally.hidden >= 30 && tally.succeeded >= 10,
+        "listed {} hidden {} succeeded {}",
+        tally.listed,
+        tally.hidden,
+        tally.succeeded
+    );
 }

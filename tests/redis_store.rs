@@ -92,8 +92,10 @@ async fn redis_down_fails_closed() {
     let (code, _, data) = client
         .call_err("tracker.issues.create", json!({"title": "x"}))
         .await;
-    assert_eq!(code, -32042, "{data:?}");
-    assert_eq!(data.unwrap()["retryable"], json!(true));
+    assert_eq!(code, -32000, "{data:?}");
+    let data = data.unwrap();
+    assert_eq!(data["type"], json!("store_unavailable"));
+    assert_eq!(data["retryable"], json!(true));
     assert_eq!(vendor.count("/repos/acme/app/issues"), 0);
 
     // Down while the vendor is answering: the outcome is not exposed (not_ready).
@@ -123,6 +125,62 @@ async fn redis_down_fails_closed() {
     }
     redis.stop();
     let (code, _, data) = call.await.unwrap();
-    assert_eq!(code, -32041, "{data:?}");
+    assert_eq!(code, -32000, "{data:?}");
+    assert_eq!(data.unwrap()["type"], json!("not_ready"));
+    assert_eq!(vendor.count("/repos/acme/app/issues"), 1);
+}
+
+/// Bug 11 on Redis: a dead holder that nobody retries (the client never learned its minted
+/// key) is settled by the sweeper of a gateway sharing the store, with a receipt.
+#[tokio::test]
+async fn a_dead_holder_nobody_retries_is_settled_with_a_receipt() {
+    let redis = RedisServer::start();
+    let vendor = MockVendor::start().await;
+    let mut config = on_redis(&vendor, &redis);
+    config.store = Some(format!("redis_url = {:?}\nlease_ms = 4000", redis.url()));
+    let mut dying = config.clone();
+    dying.env = vec![("OBOL_FAILPOINTS".into(), "hang-after-send".into())];
+    let gateway = GatewayProcess::start(&dying);
+    let client = McpClient::connect(&gateway.url, TOKEN).await;
+    let pending = tokio::spawn(async move {
+        client
+            .call("tracker.issues.create", json!({"title": "orphan"}))
+            .await
+    });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !gateway.log().contains("failpoint hang-after-send") {
+        assert!(tokio::time::Instant::now() < deadline, "{}", gateway.log());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(gateway.kill());
+    pending.abort();
+    let survivor = GatewayProcess::start(&config);
+    let url = survivor.url.replace("/mcp", "/v1/receipts?limit=100");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(12);
+    let receipt = loop {
+        let listed: serde_json::Value = reqwest::Client::new()
+            .get(&url)
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if let Some(found) = listed["receipts"].as_array().and_then(|all| {
+            all.iter()
+                .find(|r| r["tool"] == json!("tracker.issues.create"))
+        }) {
+            break found.clone();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no receipt: {listed}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(receipt["outcome"], json!("unknown"));
+    assert_eq!(receipt["attempt_count"], json!(1));
+    assert_eq!(receipt["key_source"], json!("minted"));
     assert_eq!(vendor.count("/repos/acme/app/issues"), 1);
 }

@@ -32,7 +32,7 @@ async fn hostile_components_are_stopped_and_the_gateway_keeps_serving() {
     // An infinite loop is stopped by the epoch deadline (500 ms in the test config).
     let started = Instant::now();
     let (code, kind, message) = error_type(&client, "hostile.spin").await;
-    assert_eq!((code, kind.as_str()), (-32030, "component_failed"));
+    assert_eq!((code, kind.as_str()), (-32019, "component_failed"));
     assert!(message.contains("deadline"), "{message}");
     assert!(
         started.elapsed() < Duration::from_secs(5),
@@ -43,14 +43,14 @@ async fn hostile_components_are_stopped_and_the_gateway_keeps_serving() {
 
     // A memory bomb traps at the cap (32 MiB in the test config).
     let (code, kind, message) = error_type(&client, "hostile.bomb").await;
-    assert_eq!((code, kind.as_str()), (-32030, "component_failed"));
+    assert_eq!((code, kind.as_str()), (-32019, "component_failed"));
     assert!(message.contains("memory limit"), "{message}");
     still_serving(&client).await;
 
     // A request to a foreign origin is refused before anything is sent.
     let before = vendor.seen().len();
     let (code, kind, _) = error_type(&client, "hostile.foreign").await;
-    assert_eq!((code, kind.as_str()), (-32031, "egress_denied"));
+    assert_eq!((code, kind.as_str()), (-32019, "egress_denied"));
     assert_eq!(vendor.seen().len(), before, "nothing was sent");
     still_serving(&client).await;
 
@@ -58,7 +58,7 @@ async fn hostile_components_are_stopped_and_the_gateway_keeps_serving() {
     let (code, kind, _) = error_type(&client, "hostile.flood").await;
     assert_eq!(
         (code, kind.as_str()),
-        (-32036, "component_output_too_large")
+        (-32019, "component_output_too_large")
     );
     still_serving(&client).await;
 
@@ -74,7 +74,7 @@ async fn hostile_components_are_stopped_and_the_gateway_keeps_serving() {
     let (code, kind, _) = error_type(&client, "hostile.echo").await;
     assert_eq!(
         (code, kind.as_str()),
-        (-32035, "upstream_response_too_large")
+        (-32019, "upstream_response_too_large")
     );
     vendor.on("/echo", Reply::json(200, json!({"ok": true})));
     still_serving(&client).await;

@@ -222,7 +222,7 @@ async fn off_schema_structured_output_is_refused_without_echoing_it() {
         Reply::json(200, json!({"number": "nine", "title": "CANARY-7f3a"})),
     );
     let (code, message, data) = client.call_err("hostile.relay", json!({})).await;
-    assert_eq!(code, -32037);
+    assert_eq!(code, -32019);
     let data = data.unwrap();
     assert_eq!(data["type"], json!("output_schema_violation"));
     assert!(!message.contains("CANARY") && !data.to_string().contains("CANARY"));

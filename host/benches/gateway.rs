@@ -109,6 +109,7 @@ impl Drop for Redis {
 /// The store's happy path for one call: claim with attempt 1 reserved, then finalize with
 /// receipt and audit record.
 async fn store_alone(redis: &Redis) {
+    use obol::clock::now_ms;
     use obol::idempotency::{IdempotencyKey, RequestHash};
     use obol::store::*;
     let dir = tempfile::tempdir().unwrap();
@@ -135,30 +136,38 @@ async fn store_alone(redis: &Redis) {
                 tool: "stripe.create_refund".into(),
                 key: IdempotencyKey::mint(),
             };
-            let record = ClaimRecord {
-                version: 1,
-                pin: Pin::new(
+            let holder = Holder {
+                workspace: "bench".into(),
+                connection: "stripe".into(),
+                tool: key.tool.clone(),
+                idempotency_key: key.key.to_string(),
+                key_hash: "sha256:00".into(),
+                key_name: "bench".into(),
+                publication: None,
+                policies: Vec::new(),
+                approval: ApprovalBasis::NotRequired,
+                evidence: EvidenceClass::GatewayObserved,
+            };
+            let record = ClaimRecord::open(
+                Pin::new(
                     RequestHash::of_arguments(&json!({"a": 1})),
-                    "header:idempotency-key".into(),
+                    PinnedBinding::Header("idempotency-key".into()),
                     "fp".into(),
                 ),
-                state: ClaimState::Reserved { attempt: 1 },
-                attempts: 1,
-                lease_until_ms: now_ms() + 60_000,
-                receipt_id: format!("rcp_{}", key.key.as_str()),
-                key_supplied: false,
-                created_at_ms: now_ms(),
-            };
-            assert_eq!(store.claim(&key, &record).await.unwrap(), Claim::Acquired);
-            let mut done = record.clone();
-            done.version = 2;
-            done.state = ClaimState::Finalized {
-                outcome: StoredOutcome {
-                    class: OutcomeClass::Accepted,
-                    vendor_status: Some(200),
-                    response: Ok(json!({"content": []})),
+                holder,
+                Opening::Reserved {
+                    lease_until_ms: now_ms() + 60_000,
                 },
-            };
+                format!("rcp_{}", key.key.as_str()),
+                false,
+                now_ms(),
+            );
+            assert_eq!(store.claim(&key, &record).await.unwrap(), Claim::Acquired);
+            let done = record.finalize(StoredOutcome {
+                class: OutcomeClass::Accepted,
+                vendor_status: Some(200),
+                response: Ok(json!({"content": []})),
+            });
             let receipt = Receipt {
                 id: record.receipt_id.clone(),
                 workspace: "bench".into(),
@@ -493,7 +502,7 @@ async fn end_to_end(redis: &Redis) {
         let config = Config::parse(&toml, std::path::Path::new(".")).unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         urls.push(format!("http://{}/mcp", listener.local_addr().unwrap()));
-        tokio::spawn(async move { obol::gateway::serve(config, listener).await.unwrap() });
+        tokio::spawn(async move { obol::server::serve(config, listener).await.unwrap() });
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     let gateway_url = urls[0].clone();

@@ -13,7 +13,8 @@
 //! * `GET /v1/admin/workspaces/{id}/publications` — the numbers and where each came from.
 //!
 //! Records live in the store's registry, so they survive restarts and, on Redis, reach every
-//! gateway within [`REGISTRY_POLL`].
+//! gateway within [`REGISTRY_POLL`]. Refusals are [`ObolError`]s, rendered like every other
+//! REST answer (`docs/errors.md`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -27,11 +28,13 @@ use axum::routing::{delete, get};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use crate::clock::now_ms;
 use crate::config::{KeyConfig, KeySpec, WorkspaceConfig};
+use crate::error::ObolError;
 use crate::gateway::Gateway;
-use crate::http::error;
+use crate::http::store_unavailable;
 use crate::policy::{KeyHash, Publication};
-use crate::store::{Registry, Store, StoreError, now_ms};
+use crate::store::{Registry, Store, StoreError};
 
 /// How often a gateway on a shared store re-reads the registry: the longest a revoked key
 /// keeps working on another gateway.
@@ -63,20 +66,22 @@ pub struct Records {
 
 impl Records {
     pub async fn read(store: &Store) -> Result<Records, StoreError> {
-        let unreadable = |registry: &str, name: &str| {
-            tracing::warn!("registry {registry}: record {name:?} does not parse; ignored");
+        let unreadable = |registry: &str, name: &str, problem: serde_json::Error| {
+            tracing::warn!(
+                "registry {registry}: record {name:?} does not parse ({problem}); ignored"
+            );
         };
         let mut records = Records::default();
         for (name, text) in store.registry(Registry::Keys).await? {
             match serde_json::from_str(&text) {
                 Ok(key) => records.keys.push(key),
-                Err(_) => unreadable("keys", &name),
+                Err(problem) => unreadable("keys", &name, problem),
             }
         }
         for (name, text) in store.registry(Registry::Publications).await? {
             match serde_json::from_str(&text) {
                 Ok(publication) => records.publications.push(publication),
-                Err(_) => unreadable("publications", &name),
+                Err(problem) => unreadable("publications", &name, problem),
             }
         }
         Ok(records)
@@ -124,43 +129,25 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
 /// The admin token, compared by hash. Refusals name no detail beyond the cause.
 fn authorize(gateway: &Gateway, headers: &HeaderMap) -> Result<(), Box<Response>> {
     if !gateway.host_allowed(headers) {
-        return Err(Box::new(error(
-            StatusCode::MISDIRECTED_REQUEST,
-            "foreign_host",
-            "this gateway does not answer to that host name",
-        )));
+        return Err(Box::new(ObolError::ForeignHost.to_rest_response()));
     }
     let Some(admin) = gateway.admin else {
-        return Err(Box::new(error(
-            StatusCode::NOT_FOUND,
-            "admin_disabled",
-            "the admin API is disabled; set [admin] token_hash to enable it",
-        )));
+        return Err(Box::new(ObolError::AdminDisabled.to_rest_response()));
     };
     let presented = crate::mcp::single_header(headers, header::AUTHORIZATION.as_str())
         .ok()
         .flatten()
         .and_then(|value| value.strip_prefix("Bearer "));
     if presented.map(KeyHash::of_token) != Some(admin) {
-        return Err(Box::new(error(
-            StatusCode::UNAUTHORIZED,
-            "unauthenticated",
-            "the admin API needs Authorization: Bearer <admin token>",
-        )));
+        let refused =
+            ObolError::Unauthenticated("the admin API needs Authorization: Bearer <admin token>");
+        return Err(Box::new(refused.to_rest_response()));
     }
     Ok(())
 }
 
-fn unavailable() -> Response {
-    error(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "store_unavailable",
-        "the state store is unavailable",
-    )
-}
-
-fn invalid(message: &str) -> Response {
-    error(StatusCode::BAD_REQUEST, "invalid", message)
+fn invalid(message: impl Into<String>) -> Response {
+    ObolError::InvalidAdminRequest(message.into()).to_rest_response()
 }
 
 /// `obk_` and 192 random bits.
@@ -180,7 +167,7 @@ async fn create_key(
     }
     let mut spec: KeySpec = match serde_json::from_slice(&body) {
         Ok(spec) => spec,
-        Err(e) => return invalid(&format!("the body is not a key spec: {e}")),
+        Err(e) => return invalid(format!("the body is not a key spec: {e}")),
     };
     if !spec.hash.is_empty() {
         return invalid("the gateway mints the token; leave `hash` out");
@@ -189,14 +176,10 @@ async fn create_key(
     spec.hash = KeyHash::of_token(&token).to_string();
     let key = match KeyConfig::from_spec(spec.clone(), gateway.config_workspaces()) {
         Ok(key) => key,
-        Err(problem) => return invalid(&problem),
+        Err(problem) => return invalid(problem),
     };
     if gateway.config_keys().iter().any(|k| k.name == key.name) {
-        return error(
-            StatusCode::CONFLICT,
-            "conflict",
-            "a key with this name exists",
-        );
+        return ObolError::Conflict("a key with this name exists").to_rest_response();
     }
     let record = StoredKey {
         spec,
@@ -212,16 +195,13 @@ async fn create_key(
     {
         Ok(true) => {}
         Ok(false) => {
-            return error(
-                StatusCode::CONFLICT,
-                "conflict",
-                "a key with this name exists (revoked names are not reused)",
-            );
+            let taken = "a key with this name exists (revoked names are not reused)";
+            return ObolError::Conflict(taken).to_rest_response();
         }
-        Err(_) => return unavailable(),
+        Err(cause) => return store_unavailable("storing a key", &cause),
     }
-    if gateway.refresh_registry().await.is_err() {
-        return unavailable();
+    if let Err(cause) = gateway.refresh_registry().await {
+        return store_unavailable("re-reading the registry after creating a key", &cause);
     }
     tracing::info!(key = %key.name, workspace = %key.workspace, "key created through the admin API");
     (
@@ -241,7 +221,7 @@ async fn list_keys(State(gateway): State<Arc<Gateway>>, headers: HeaderMap) -> R
     }
     let stored = match gateway.services.store.registry(Registry::Keys).await {
         Ok(stored) => stored,
-        Err(_) => return unavailable(),
+        Err(cause) => return store_unavailable("listing keys", &cause),
     };
     let describe = |spec: &KeySpec, source: &str, revoked_at_ms: Option<u64>| {
         json!({
@@ -287,32 +267,26 @@ async fn revoke_key(
         return *refused;
     }
     if gateway.config_keys().iter().any(|k| k.name == name) {
-        return error(
-            StatusCode::CONFLICT,
-            "defined_in_config",
-            "this key is defined in the config file; remove it there and restart",
-        );
+        return ObolError::DefinedInConfig.to_rest_response();
     }
     let store = &gateway.services.store;
     let stored = match store.registry(Registry::Keys).await {
         Ok(stored) => stored,
-        Err(_) => return unavailable(),
+        Err(cause) => return store_unavailable("reading keys to revoke one", &cause),
     };
     let Some(mut record) = stored
         .get(&name)
         .and_then(|text| serde_json::from_str::<StoredKey>(text).ok())
     else {
-        return error(StatusCode::NOT_FOUND, "not_found", "no such key");
+        return ObolError::NotFound("key").to_rest_response();
     };
     let revoked_at_ms = *record.revoked_at_ms.get_or_insert_with(now_ms);
     let text = serde_json::to_string(&record).expect("plain data");
-    if store
-        .registry_put(Registry::Keys, &name, &text)
-        .await
-        .is_err()
-        || gateway.refresh_registry().await.is_err()
-    {
-        return unavailable();
+    if let Err(cause) = store.registry_put(Registry::Keys, &name, &text).await {
+        return store_unavailable("storing a revocation", &cause);
+    }
+    if let Err(cause) = gateway.refresh_registry().await {
+        return store_unavailable("re-reading the registry after a revocation", &cause);
     }
     tracing::info!(key = %name, "key revoked through the admin API");
     axum::Json(json!({ "name": name, "revoked_at_ms": revoked_at_ms })).into_response()
@@ -326,13 +300,7 @@ fn configured<'g>(
         .config_workspaces()
         .iter()
         .find(|w| w.id == workspace)
-        .ok_or_else(|| {
-            Box::new(error(
-                StatusCode::NOT_FOUND,
-                "not_found",
-                "no such workspace",
-            ))
-        })
+        .ok_or_else(|| Box::new(ObolError::NotFound("workspace").to_rest_response()))
 }
 
 /// The registry name of a publication: sorts by workspace, then number.
@@ -359,7 +327,7 @@ async fn publish(
     for _ in 0..8 {
         let records = match Records::read(store).await {
             Ok(records) => records,
-            Err(_) => return unavailable(),
+            Err(cause) => return store_unavailable("reading publications to publish", &cause),
         };
         let number = config
             .publications
@@ -369,7 +337,7 @@ async fn publish(
             .max()
             .map_or(1, |n| n + 1);
         if let Err(problem) = Publication::parse(number, &body) {
-            return invalid(&problem);
+            return invalid(problem);
         }
         let record = StoredPublication {
             workspace: workspace.clone(),
@@ -387,8 +355,11 @@ async fn publish(
             .await
         {
             Ok(true) => {
-                if gateway.refresh_registry().await.is_err() {
-                    return unavailable();
+                if let Err(cause) = gateway.refresh_registry().await {
+                    return store_unavailable(
+                        "re-reading the registry after a publication",
+                        &cause,
+                    );
                 }
                 let warming = Arc::clone(&gateway);
                 tokio::task::spawn_blocking(move || warming.warm_views());
@@ -404,14 +375,10 @@ async fn publish(
                     .into_response();
             }
             Ok(false) => continue,
-            Err(_) => return unavailable(),
+            Err(cause) => return store_unavailable("storing a publication", &cause),
         }
     }
-    error(
-        StatusCode::CONFLICT,
-        "conflict",
-        "publications are being made concurrently; try again",
-    )
+    ObolError::Conflict("publications are being made concurrently; try again").to_rest_response()
 }
 
 async fn list_publications(
@@ -428,7 +395,7 @@ async fn list_publications(
     };
     let records = match Records::read(&gateway.services.store).await {
         Ok(records) => records,
-        Err(_) => return unavailable(),
+        Err(cause) => return store_unavailable("listing publications", &cause),
     };
     let mut numbers: BTreeMap<u32, &str> = config
         .publications

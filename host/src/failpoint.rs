@@ -1,11 +1,35 @@
 //! Failpoints for crash and failure tests. Compiled only with the `test-util` feature, so the
-//! shipped binary has none. Activated by name through `OBOL_FAILPOINTS` (comma-separated).
+//! shipped binary has none. Activated by name through `OBOL_FAILPOINTS` (comma-separated):
+//! `NAME` fires every time, `NAME=N` only the first N times in this process.
 
-/// Whether the named failpoint is active in this process.
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+/// Whether the named failpoint fires now.
 pub fn active(name: &str) -> bool {
-    std::env::var("OBOL_FAILPOINTS")
-        .map(|list| list.split(',').any(|item| item.trim() == name))
-        .unwrap_or(false)
+    let Ok(list) = std::env::var("OBOL_FAILPOINTS") else {
+        return false;
+    };
+    for item in list.split(',').map(str::trim) {
+        if item == name {
+            return true;
+        }
+        if let Some(times) = item
+            .strip_prefix(name)
+            .and_then(|rest| rest.strip_prefix('='))
+            .and_then(|n| n.parse::<u64>().ok())
+        {
+            static FIRED: Mutex<Option<HashMap<String, u64>>> = Mutex::new(None);
+            let mut fired = FIRED.lock().expect("failpoint counts");
+            let count = fired
+                .get_or_insert_with(HashMap::new)
+                .entry(name.to_owned())
+                .or_insert(0);
+            *count += 1;
+            return *count <= times;
+        }
+    }
+    false
 }
 
 /// How far `OBOL_CLOCK_OFFSET_MS` runs this process's clock ahead (read once), so a test can

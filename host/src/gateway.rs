@@ -1,23 +1,22 @@
-//! The running gateway: shared state, startup, hot reload and the HTTP server.
+//! The running gateway's shared state: keys, the catalog snapshot, sessions, the lifecycle's
+//! services, and how they are rebuilt (hot reload, registry refreshes). `server` runs it.
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
 
-use tokio::net::TcpListener;
 use tokio::sync::broadcast;
 
 use crate::approvals::{self, ApprovalDesk};
 use crate::catalog::{Catalog, Loader};
-use crate::config::{Config, KeyConfig, StoreBackend, StoreConfig, WorkspaceConfig};
+use crate::config::{Config, KeyConfig, WorkspaceConfig};
 use crate::error::ObolError;
-use crate::http;
 use crate::invoke::Services;
-use crate::mcp::{self, SessionId, Sessions};
+use crate::mcp::{SessionId, Sessions};
 use crate::outbound::Outbound;
 use crate::policy::{Environment, KeyHash, KeyTable, Scope, VirtualKey};
 use crate::runtime::Runtime;
-use crate::store::{EmbeddedStore, RedisStore, Store};
+use crate::store::Store;
 
 /// Something every open GET stream may need to hear about.
 #[derive(Debug, Clone)]
@@ -30,7 +29,7 @@ pub struct Gateway {
     /// Config keys plus the admin API's live ones; swapped whole when the registry changes.
     keys: RwLock<Arc<KeyTable>>,
     pub sessions: Sessions,
-    pub services: Services,
+    pub services: Arc<Services>,
     pub approvals: ApprovalDesk,
     catalog: RwLock<Arc<Catalog>>,
     loader: Loader,
@@ -85,14 +84,15 @@ impl Gateway {
         Ok(Gateway {
             keys: RwLock::new(Arc::new(KeyTable::new(&config.keys))),
             sessions: Sessions::default(),
-            services: Services {
+            services: Arc::new(Services {
                 runtime,
                 outbound: Outbound::new(&config.outbound)?,
                 store,
                 lease: config.store.lease,
                 inbox_base: public_url.clone(),
                 refusals: Default::default(),
-            },
+                unrecorded: Default::default(),
+            }),
             approvals: ApprovalDesk {
                 keyring: Arc::clone(&config.approvals.keyring),
                 owners: approvals::inbox::Owners::new(
@@ -304,91 +304,4 @@ impl Gateway {
                     | Some(url::Host::Ipv6(std::net::Ipv6Addr::LOCALHOST))
             )
     }
-}
-
-/// Opens the configured store: Redis when a URL is configured, the embedded file otherwise.
-pub async fn open_store(config: &StoreConfig) -> anyhow::Result<Store> {
-    Ok(match &config.backend {
-        StoreBackend::Embedded(path) => {
-            tracing::info!(path = %path.display(), "using the embedded store");
-            Store::Embedded(EmbeddedStore::open(path)?)
-        }
-        StoreBackend::Redis(url) => {
-            let store = RedisStore::connect(url).await?;
-            tracing::info!("using the Redis store");
-            Store::Redis(store)
-        }
-        #[cfg(feature = "test-util")]
-        StoreBackend::Volatile => {
-            tracing::warn!("using a volatile in-memory store: nothing survives a restart");
-            Store::Volatile(crate::store::VolatileStore::default())
-        }
-    })
-}
-
-/// Runs the gateway on `listener` until the process is stopped.
-pub async fn serve(config: Config, listener: TcpListener) -> anyhow::Result<()> {
-    let store = open_store(&config.store).await?;
-    let address: SocketAddr = listener.local_addr()?;
-    let gateway = Arc::new(tokio::task::block_in_place(|| {
-        Gateway::new(&config, store, address)
-    })?);
-    if let Some(interval) = config.reload_interval {
-        let watcher = Arc::clone(&gateway);
-        tokio::spawn(async move {
-            let mut ticks = tokio::time::interval(interval);
-            ticks.tick().await;
-            loop {
-                ticks.tick().await;
-                let gateway = Arc::clone(&watcher);
-                let _ = tokio::task::spawn_blocking(move || {
-                    if gateway.reload() {
-                        gateway.warm_views();
-                    }
-                })
-                .await;
-            }
-        });
-    }
-    // Keys and publications made through the admin API, before the first request. With a
-    // shared store, other gateways' changes arrive by polling.
-    gateway.refresh_registry().await?;
-    let warming = Arc::clone(&gateway);
-    tokio::task::spawn_blocking(move || warming.warm_views());
-    if matches!(gateway.services.store, Store::Redis(_)) {
-        let poller = Arc::clone(&gateway);
-        tokio::spawn(async move {
-            let mut ticks = tokio::time::interval(crate::admin::REGISTRY_POLL);
-            loop {
-                ticks.tick().await;
-                match poller.refresh_registry().await {
-                    Ok(()) => {
-                        let warming = Arc::clone(&poller);
-                        let _ = tokio::task::spawn_blocking(move || warming.warm_views()).await;
-                    }
-                    Err(error) => {
-                        tracing::warn!("could not read the key and policy registry: {error}")
-                    }
-                }
-            }
-        });
-    }
-    let app = mcp::router(Arc::clone(&gateway))
-        .merge(crate::admin::router(Arc::clone(&gateway)))
-        .merge(http::router(Arc::clone(&gateway)))
-        .merge(approvals::inbox::router(Arc::clone(&gateway)));
-    let catalog = gateway.catalog();
-    tracing::info!(
-        %address,
-        connectors = catalog.connectors.len(),
-        "obol is serving /mcp"
-    );
-    // Tests and scripts read this line to learn the port.
-    println!("obol listening on http://{address}/mcp");
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
-        .await?;
-    Ok(())
 }

@@ -6,20 +6,22 @@
 //! - [`policy`]: virtual keys and what each may list and call.
 //! - [`approvals`]: tickets, the owner's inbox and signed tokens for held destructive calls.
 //! - [`catalog`]: connectors, their validated manifests, `connector.tool` names, snapshots.
-//! - [`idempotency`]: idempotency keys and canonical request hashes.
-//! - [`invoke`]: the invocation lifecycle, one function read top to bottom.
+//! - [`idempotency`]: idempotency keys, canonical request hashes, exact numbers.
+//! - [`invoke`]: the invocation lifecycle: one short driver of typed phases, a file per phase.
 //! - [`runtime`]: the wasmtime sandbox a connector's `prepare` and `interpret` run in.
 //! - [`outbound`]: the one place a request leaves the gateway.
 //! - [`store`]: claims, attempt reservations, receipts and audit, embedded or on Redis.
 //! - [`error`]: the one error enum and its rendering to JSON-RPC codes and HTTP statuses.
 //!
-//! Around them: [`config`] (the operator's file), [`gateway`] (shared state, hot reload, the
-//! server), [`admin`] (keys and publications managed at runtime), [`http`] (the REST routes:
-//! receipts, approvals) and [`sandbox`] (a local stand-in vendor for trying Obol offline).
+//! Around them: [`config`] (the operator's file), [`gateway`] (shared state, hot reload),
+//! [`server`] (startup, background tasks, the HTTP server), [`admin`] (keys and publications
+//! managed at runtime), [`http`] (the REST routes: receipts, approvals), [`clock`] (the one
+//! clock) and [`sandbox`] (a local stand-in vendor for trying Obol offline).
 
 pub mod admin;
 pub mod approvals;
 pub mod catalog;
+pub mod clock;
 pub mod config;
 pub mod error;
 #[cfg(feature = "test-util")]
@@ -33,4 +35,5 @@ pub mod outbound;
 pub mod policy;
 pub mod runtime;
 pub mod sandbox;
+pub mod server;
 pub mod store;

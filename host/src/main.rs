@@ -222,7 +222,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
                     eprintln!("sandbox vendor on http://{bound}");
                 }
                 let listener = tokio::net::TcpListener::bind(config.listen).await?;
-                obol::gateway::serve(config, listener).await
+                obol::server::serve(config, listener).await
             })?;
             Ok(ExitCode::SUCCESS)
         }

@@ -175,3 +175,116 @@ fn default_reply(seen: &Seen) -> Reply {
         delay: Duration::ZERO,
     }
 }
+
+/// One step of a [`ScriptedVendor`].
+#[derive(Debug, Clone)]
+pub enum Step {
+    /// Answer the next request with this status and JSON body, after `delay`.
+    Answer {
+        status: u16,
+        body: Value,
+        delay: Duration,
+    },
+    /// Stop listening: every later connection is refused, so provably nothing more is sent.
+    Close,
+}
+
+impl Step {
+    pub fn answer(status: u16, body: Value) -> Step {
+        Step::Answer {
+            status,
+            body,
+            delay: Duration::ZERO,
+        }
+    }
+}
+
+/// A vendor on loopback that follows a script, one step per request, and counts every
+/// request it read. Each answer closes its connection, so the next request connects anew
+/// (and is refused once the script says `Close`). After the script, requests get 200 `{}`.
+#[derive(Clone)]
+pub struct ScriptedVendor {
+    pub address: SocketAddr,
+    received: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl ScriptedVendor {
+    pub async fn start(script: Vec<Step>) -> ScriptedVendor {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let vendor = ScriptedVendor {
+            address: listener.local_addr().unwrap(),
+            received: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+        };
+        vendor.serve(listener, script);
+        vendor
+    }
+
+    /// Listens again on the same address (after a `Close`), following `script`.
+    pub async fn reopen(&self, script: Vec<Step>) {
+        let listener = tokio::net::TcpListener::bind(self.address).await.unwrap();
+        self.serve(listener, script);
+    }
+
+    fn serve(&self, listener: tokio::net::TcpListener, script: Vec<Step>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let counter = Arc::clone(&self.received);
+        tokio::spawn(async move {
+            let mut steps = script.into_iter();
+            loop {
+                let step = steps.next().unwrap_or(Step::answer(200, json!({})));
+                let (status, body, delay) = match step {
+                    Step::Close => return,
+                    Step::Answer {
+                        status,
+                        body,
+                        delay,
+                    } => (status, body, delay),
+                };
+                let Ok((mut stream, _)) = listener.accept().await else {
+                    return;
+                };
+                // Read the head and the declared body, then count the request as received.
+                let mut seen = Vec::new();
+                let mut buf = [0u8; 4096];
+                loop {
+                    let n = stream.read(&mut buf).await.unwrap_or(0);
+                    if n == 0 {
+                        break;
+                    }
+                    seen.extend_from_slice(&buf[..n]);
+                    let text = String::from_utf8_lossy(&seen).to_ascii_lowercase();
+                    if let Some(end) = text.find("\r\n\r\n") {
+                        let length = text
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .and_then(|v| v.trim().parse::<usize>().ok())
+                            .unwrap_or(0);
+                        if seen.len() >= end + 4 + length {
+                            break;
+                        }
+                    }
+                }
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let body = body.to_string();
+                tokio::spawn(async move {
+                    tokio::time::sleep(delay).await;
+                    let reply = format!(
+                        "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = stream.write_all(reply.as_bytes()).await;
+                    let _ = stream.shutdown().await;
+                });
+            }
+        });
+    }
+
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.address)
+    }
+
+    /// How many requests reached the vendor.
+    pub fn received(&self) -> usize {
+        self.received.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}

@@ -21,10 +21,11 @@ use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
 
 use super::{ApprovalId, Decided, Decision, Keyring, Ticket, TicketStatus};
+use crate::clock::now_ms;
 use crate::error::ObolError;
 use crate::gateway::Gateway;
 use crate::policy::KeyHash;
-use crate::store::now_ms;
+use crate::store::StoreError;
 
 const COOKIE: &str = "obol_owner";
 const SESSION_TTL: Duration = Duration::from_secs(8 * 3600);
@@ -143,10 +144,7 @@ async fn page_for(gateway: &Gateway, headers: &HeaderMap, focus: Option<String>)
             StatusCode::OK,
             &inbox_page(&session, &tickets, focus.as_deref()),
         ),
-        Err(_) => html(
-            StatusCode::SERVICE_UNAVAILABLE,
-            &shell("Inbox", "<p>The state store is unavailable; try again.</p>"),
-        ),
+        Err(cause) => unavailable("listing the inbox", &cause),
     }
 }
 
@@ -262,7 +260,7 @@ async fn decide(
     let ticket = match store.ticket(&id).await {
         Ok(Some(ticket)) if ticket.workspace == session.workspace => ticket,
         Ok(_) => return not_found(),
-        Err(_) => return unavailable(),
+        Err(cause) => return unavailable("reading an approval to decide it", &cause),
     };
     if ticket.expired(now_ms()) {
         return html(
@@ -280,7 +278,8 @@ async fn decide(
             // agent to resume.
             if decision == Decision::Denied {
                 let settled =
-                    crate::invoke::settle_held(store, &ticket, ObolError::ApprovalDenied).await;
+                    crate::invoke::settle_ticket(store, &ticket, crate::invoke::Settlement::Denied)
+                        .await;
                 if settled != ObolError::ApprovalDenied {
                     tracing::warn!(approval = %ticket.id, "denial recorded; the held slot is settled on the agent's next call ({settled})");
                 }
@@ -289,7 +288,7 @@ async fn decide(
         }
         Ok(Decided::Already(_)) => redirect(&format!("/inbox/{id}")),
         Ok(Decided::Missing) => not_found(),
-        Err(_) => unavailable(),
+        Err(cause) => unavailable("recording a decision", &cause),
     }
 }
 
@@ -303,7 +302,9 @@ fn foreign_host() -> Response {
     )
 }
 
-fn unavailable() -> Response {
+/// A store failure: the cause goes to the log, the owner sees only that it may retry.
+fn unavailable(during: &str, cause: &StoreError) -> Response {
+    tracing::warn!("inbox: {during}: {cause}");
     html(
         StatusCode::SERVICE_UNAVAILABLE,
         &shell("Inbox", "<p>The state store is unavailable; try again.</p>"),

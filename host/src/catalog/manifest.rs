@@ -52,6 +52,13 @@ pub enum ManifestError {
     InvalidStatusRange { tool: String, first: u16, last: u16 },
     #[error("tool {tool:?}: propagation {reason}")]
     InvalidPropagation { tool: String, reason: String },
+    /// A broker builds the vendor request on a federated route, so the gateway cannot put
+    /// its key anywhere; declaring otherwise would let the gateway resend on a promise no
+    /// one keeps (spec/idempotency.md, "Propagating the key to the vendor").
+    #[error(
+        "tool {0:?} is federated: its propagation must be none (a broker, not the gateway, builds the vendor request)"
+    )]
+    FederatedPropagation(String),
 }
 
 /// A connector prefix: non-empty, no dot, lowercase identifier characters.
@@ -222,6 +229,20 @@ impl JsonPointer {
     }
 }
 
+/// Headers only the host may set. A guest that sets one is refused, not silently corrected:
+/// it is either buggy or trying to smuggle something past the gateway.
+pub const HOST_OWNED_HEADERS: [&str; 9] = [
+    "authorization",
+    "proxy-authorization",
+    "cookie",
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "upgrade",
+    "x-obol-upstream-authorization",
+];
+
 /// Whether and how the idempotency key reaches the vendor.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Propagation {
@@ -244,7 +265,7 @@ impl Propagation {
             wit::Propagation::Header(name) => {
                 let header = HeaderName::from_bytes(name.as_bytes())
                     .map_err(|_| invalid(format!("header {name:?} is not a valid header name")))?;
-                if crate::outbound::HOST_OWNED_HEADERS.contains(&header.as_str()) {
+                if HOST_OWNED_HEADERS.contains(&header.as_str()) {
                     return Err(invalid(format!(
                         "header {name:?} belongs to the gateway and cannot carry the key"
                     )));
@@ -265,12 +286,15 @@ impl Propagation {
 
     /// The form pinned in a claim: the propagation with its header name or pointer, so a
     /// changed binding is a different call.
-    pub fn pinned(&self) -> String {
+    pub fn pinned(&self) -> crate::store::PinnedBinding {
+        use crate::store::PinnedBinding;
         match self {
-            Propagation::None => "none".into(),
-            Propagation::Unsupported => "unsupported".into(),
-            Propagation::Header(name) => format!("header:{name}"),
-            Propagation::BodyField(pointer) => format!("body_field:{}", pointer.as_str()),
+            Propagation::None => PinnedBinding::None,
+            Propagation::Unsupported => PinnedBinding::Unsupported,
+            Propagation::Header(name) => PinnedBinding::Header(name.to_string()),
+            Propagation::BodyField(pointer) => {
+                PinnedBinding::BodyField(pointer.as_str().to_owned())
+            }
         }
     }
 
@@ -393,6 +417,9 @@ impl Manifest {
                 propagation: Propagation::new(&tool.name, &tool.effect.propagation)?,
                 output_schema,
             };
+            if effect.route == RouteKind::Federated && effect.propagation != Propagation::None {
+                return Err(ManifestError::FederatedPropagation(tool.name));
+            }
             tools.push(ToolSpec {
                 upstream_name: tool.name,
                 description: tool.description,
@@ -515,6 +542,29 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    /// A broker builds the vendor request on a federated route: a binding there would be a
+    /// promise the gateway cannot keep (and would license resends).
+    #[test]
+    fn a_federated_tool_must_not_propagate_the_key() {
+        for propagation in [
+            wit::Propagation::Header("idempotency-key".into()),
+            wit::Propagation::BodyField("/key".into()),
+            wit::Propagation::Unsupported,
+        ] {
+            let mut federated = tool("t");
+            federated.effect.route = wit::RouteKind::Federated;
+            federated.effect.propagation = propagation;
+            assert_eq!(
+                Manifest::validate(manifest("x", vec![federated])).unwrap_err(),
+                ManifestError::FederatedPropagation("t".into())
+            );
+        }
+        let mut federated = tool("t");
+        federated.effect.route = wit::RouteKind::Federated;
+        federated.effect.propagation = wit::Propagation::None;
+        assert!(Manifest::validate(manifest("x", vec![federated])).is_ok());
     }
 
     #[test]

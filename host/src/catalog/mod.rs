@@ -18,8 +18,8 @@ use crate::policy::{KeyHash, Policies, Verdict, VirtualKey};
 use crate::runtime::Guest;
 
 pub use manifest::{
-    ConnectorName, EffectSpec, JsonPointer, Manifest, ManifestError, Propagation, RouteKind,
-    Schema, StatusClass, StatusClasses, ToolSpec,
+    ConnectorName, EffectSpec, HOST_OWNED_HEADERS, JsonPointer, Manifest, ManifestError,
+    Propagation, RouteKind, Schema, StatusClass, StatusClasses, ToolSpec,
 };
 pub use names::ToolName;
 pub use sources::{BUNDLED, Loader, SourceError, load_connector};

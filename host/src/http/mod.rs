@@ -8,12 +8,15 @@
 //!
 //! `GET /v1/approvals/{id}` (scope `approvals`): the state of a held call, and once the owner
 //! decided, the signed token to resume it with. Only the key whose call was held sees it.
+//!
+//! Every refusal here, and in the admin API, is an [`ObolError`] rendered by
+//! [`ObolError::to_rest_response`]: the same envelope `/mcp` sends (`docs/errors.md`).
 
 use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde_json::json;
@@ -21,10 +24,11 @@ use serde_json::json;
 use crate::approvals::{
     APPROVAL_ID_HEADER, APPROVAL_TOKEN_HEADER, ApprovalId, Decision, TicketStatus, rfc3339,
 };
+use crate::clock::now_ms;
 use crate::error::ObolError;
 use crate::gateway::Gateway;
 use crate::policy::{Scope, VirtualKey};
-use crate::store::{Receipt, now_ms};
+use crate::store::{Receipt, StoreError};
 
 pub fn router(gateway: Arc<Gateway>) -> Router {
     Router::new()
@@ -39,10 +43,11 @@ struct ListQuery {
     limit: Option<usize>,
 }
 
-/// A REST error: `{"error": {type, message, retryable}}` with the status.
-pub(crate) fn error(status: StatusCode, kind: &str, message: &str) -> Response {
-    let body = json!({ "error": { "type": kind, "message": message, "retryable": status.is_server_error() } });
-    (status, axum::Json(body)).into_response()
+/// A store failure on a REST route. The operator reads the cause in the log; the client
+/// learns only that it may retry.
+pub(crate) fn store_unavailable(during: &str, cause: &StoreError) -> Response {
+    tracing::warn!("{during}: {cause}");
+    ObolError::StoreUnavailable.to_rest_response()
 }
 
 /// The same admission as `/mcp` (one rule, one place), with the endpoint's scope.
@@ -54,14 +59,7 @@ fn authenticate(
     crate::mcp::single_header(headers, header::AUTHORIZATION.as_str())
         .map_err(|_| ObolError::Unauthenticated("the Authorization header is malformed"))
         .and_then(|authorization| gateway.admit(authorization, scope))
-        .map_err(|refused| {
-            let wire = refused.wire();
-            Box::new(error(
-                wire.http,
-                wire.kind.unwrap_or("unauthenticated"),
-                &refused.to_string(),
-            ))
-        })
+        .map_err(|refused| Box::new(refused.to_rest_response()))
 }
 
 /// Who reads receipts: the workspace owner (its owner token) sees every receipt; a key with
@@ -115,11 +113,7 @@ async fn list(
             receipts.retain(|r| reader.may_read(r));
             axum::Json(json!({ "receipts": receipts })).into_response()
         }
-        Err(_) => error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "store_unavailable",
-            "the state store is unavailable",
-        ),
+        Err(cause) => store_unavailable("listing receipts", &cause),
     }
 }
 
@@ -134,12 +128,8 @@ async fn show(
     };
     match gateway.services.store.receipt(&reader.workspace, &id).await {
         Ok(Some(receipt)) if reader.may_read(&receipt) => axum::Json(receipt).into_response(),
-        Ok(_) => error(StatusCode::NOT_FOUND, "not_found", "no such receipt"),
-        Err(_) => error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "store_unavailable",
-            "the state store is unavailable",
-        ),
+        Ok(_) => ObolError::NotFound("receipt").to_rest_response(),
+        Err(cause) => store_unavailable("reading a receipt", &cause),
     }
 }
 
@@ -152,7 +142,7 @@ async fn approval(
         Ok(key) => key,
         Err(response) => return *response,
     };
-    let not_found = || error(StatusCode::NOT_FOUND, "not_found", "no such approval");
+    let not_found = || ObolError::NotFound("approval").to_rest_response();
     let Some(id) = ApprovalId::parse(&id) else {
         return not_found();
     };
@@ -164,13 +154,7 @@ async fn approval(
             ticket
         }
         Ok(_) => return not_found(),
-        Err(_) => {
-            return error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "store_unavailable",
-                "the state store is unavailable",
-            );
-        }
+        Err(cause) => return store_unavailable("reading an approval", &cause),
     };
     let keyring = &gateway.approvals.keyring;
     let (status, token) = match ticket.status {

@@ -4,14 +4,18 @@
 //! (`docs/idempotency.md`). A client may supply one in the `Idempotency-Key` header; otherwise
 //! the gateway mints one. A [`RequestHash`] is the sha256 of the arguments in canonical JSON
 //! (RFC 8785), so key order and whitespace never make two identical calls look different.
+//! Arguments holding a number no double carries exactly are refused ([`exact_numbers`]), so
+//! two calls whose numbers differ never hash alike.
 
 mod canonical;
+mod numbers;
 
 use std::fmt;
 
 use sha2::{Digest, Sha256};
 
 pub use canonical::canonical_json;
+pub use numbers::{InexactNumber, exact_numbers, exact_numbers_at};
 
 const PREFIX: &str = "idt_";
 const MIN_BODY: usize = 16;
@@ -122,6 +126,134 @@ mod tests {
         let minted = IdempotencyKey::mint();
         assert_eq!(IdempotencyKey::parse(minted.as_str()), Ok(minted.clone()));
         assert_ne!(minted, IdempotencyKey::mint());
+    }
+
+    fn hash(text: &str) -> RequestHash {
+        RequestHash::of_arguments(&serde_json::from_str(text).unwrap())
+    }
+
+    #[test]
+    fn two_to_the_53_plus_one_is_refused_not_hashed_like_two_to_the_53() {
+        assert_eq!(exact_numbers(r#"{"amount": 9007199254740992}"#), Ok(()));
+        for near in [
+            r#"{"amount": 9007199254740993}"#,
+            r#"{"amount": 9007199254740993.0}"#,
+            r#"{"amount": 9.007199254740993e15}"#,
+        ] {
+            let error = exact_numbers(near).unwrap_err();
+            assert_eq!(error.pointer(), "/amount", "{near}");
+            assert!(!error.to_string().contains("900719925474099"));
+        }
+        // What the refusal prevents: as a fraction or exponent the neighbour has already been
+        // rounded by the parser and would replay the other call's result.
+        assert_eq!(
+            hash(r#"{"amount": 9007199254740993.0}"#),
+            hash(r#"{"amount": 9007199254740992}"#)
+        );
+        assert_eq!(
+            hash(r#"{"amount": 1.00000000000000000001}"#),
+            hash(r#"{"amount": 1}"#)
+        );
+        assert!(exact_numbers(r#"{"amount": 1.00000000000000000001}"#).is_err());
+        // Held as an integer it is still hashed exactly, never like its rounded neighbour.
+        assert_ne!(
+            hash(r#"{"amount": 9007199254740993}"#),
+            hash(r#"{"amount": 9007199254740992}"#)
+        );
+    }
+
+    #[test]
+    fn near_equal_accepted_numbers_conflict_rather_than_collide() {
+        for (a, b) in [
+            ("0.1", "0.2"),
+            ("0.1", "0.10000000000000002"),
+            ("1", "1.0000000000000002"),
+            ("9007199254740992", "9007199254740994"),
+            ("9007199254740991", "9007199254740992"),
+            ("-9007199254740992", "-9007199254740991"),
+            ("5e-324", "1e-323"),
+            ("0", "5e-324"),
+            ("1e21", "1.0000000000000001e21"),
+            ("1.7976931348623157e308", "1.7976931348623155e308"),
+            ("333333333.3333333", "333333333.3333334"),
+        ] {
+            let (a, b) = (format!(r#"{{"n": {a}}}"#), format!(r#"{{"n": {b}}}"#));
+            assert_eq!(exact_numbers(&a), Ok(()), "{a}");
+            assert_eq!(exact_numbers(&b), Ok(()), "{b}");
+            assert_ne!(hash(&a), hash(&b), "{a} vs {b}");
+        }
+    }
+
+    #[test]
+    fn one_value_hashes_alike_however_it_is_written() {
+        for spellings in [
+            &["100", "1e2", "1E+2", "1E2", "10e1", "100.0", "1000e-1"][..],
+            &["0", "-0", "0.0", "-0.0", "0e5", "-0E-5"],
+            &["4.5", "4.50", "45e-1", "0.45e1"],
+            &["0.002", "2e-3", "2E-3", "0.0020"],
+            &["1e21", "1E21", "1000000000000000000000", "1e+21"],
+            // serde_json holds the first as a u64 and the others as doubles.
+            &[
+                "9223372036854776000",
+                "9.223372036854776e18",
+                "9223372036854776000.0",
+            ],
+            &["18446744073709552000", "1.8446744073709552e19"],
+        ] {
+            let first = format!(r#"{{"n": {}}}"#, spellings[0]);
+            for spelling in spellings {
+                let text = format!(r#"{{"n": {spelling}}}"#);
+                assert_eq!(exact_numbers(&text), Ok(()), "{text}");
+                assert_eq!(hash(&text), hash(&first), "{text}");
+            }
+        }
+    }
+
+    /// For every accepted number, the canonical text denotes exactly the value the client
+    /// wrote: the hash is exact. That needs serde_json to parse to the nearest double (its
+    /// `float_roundtrip` feature; its default fast path is often one ulp off).
+    #[test]
+    fn canonical_text_keeps_the_value_of_every_accepted_number() {
+        let value_of = |literal: &str| numbers::Decimal::of_literal(literal).unwrap();
+        let mut literals: Vec<String> = [
+            "5.357830195732913e-76",
+            "9.643915712060552e-234",
+            "0.1",
+            "123456789012345678",
+            "9007199254740994",
+            "1e23",
+            "-0.0000033333333333333333",
+        ]
+        .map(String::from)
+        .to_vec();
+        let mut state: u64 = 0x2545_F491_4F6C_DD1D;
+        for _ in 0..20_000 {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let f = f64::from_bits(state);
+            if f.is_finite() {
+                literals.push(format!("{f:e}"));
+                literals.push(format!("{f}"));
+            }
+            literals.push((state >> (state % 64)).to_string());
+        }
+        for literal in &literals {
+            let parsed: serde_json::Value = serde_json::from_str(literal).unwrap();
+            let nearest: f64 = literal.parse().unwrap();
+            assert_eq!(
+                parsed.as_f64().unwrap().to_bits(),
+                nearest.to_bits(),
+                "serde_json parses {literal} to its nearest double"
+            );
+            if numbers::is_exact(literal) {
+                let canonical = canonical_json(&parsed);
+                assert_eq!(value_of(&canonical), value_of(literal), "{literal}");
+                if nearest != 0.0 {
+                    assert_eq!(canonical.starts_with('-'), literal.starts_with('-'));
+                }
+            }
+        }
     }
 
     #[test]

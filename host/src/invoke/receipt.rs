@@ -1,10 +1,11 @@
 //! Receipts: what one invocation did, written in the same acknowledged write as its outcome.
+//! Every receipt of a claimed call is built from the facts its claim recorded (the holder),
+//! so a settlement made by someone else still names the call that was made.
 
-use super::Call;
-use crate::approvals::Ticket;
-use crate::catalog::RouteKind;
+use crate::clock::now_ms;
+use crate::policy::{Verdict, VirtualKey};
 use crate::store::{
-    ClaimRecord, EvidenceClass, KeySource, OutcomeClass, Receipt, Verification, now_ms,
+    ClaimKey, ClaimRecord, EvidenceClass, Holder, KeySource, OutcomeClass, Receipt, Verification,
 };
 
 /// `rcp_` and 128 random bits.
@@ -14,76 +15,50 @@ pub fn new_id() -> String {
     format!("rcp_{}", hex::encode(bytes))
 }
 
-/// The receipt for `record` as it is being finalized.
-pub fn build(
-    call: &Call,
-    record: &ClaimRecord,
-    outcome: OutcomeClass,
-    vendor_status: Option<u16>,
-    verification: Verification,
-    note: Option<&str>,
-) -> Receipt {
-    // A federated route ran at a broker the gateway did not observe: whatever it answered,
-    // its receipt can never be verified.
-    let (evidence, verification) = match call.route.tool().effect.route {
-        RouteKind::Native => (EvidenceClass::GatewayObserved, verification),
-        RouteKind::Federated => (EvidenceClass::Untrusted, Verification::Unverifiable),
-    };
-    Receipt {
-        id: record.receipt_id.clone(),
-        workspace: call.claim_key.workspace.clone(),
-        idempotency_key: call.claim_key.key.to_string(),
-        key_source: if record.key_supplied {
-            KeySource::Supplied
-        } else {
-            KeySource::Minted
-        },
-        tool: call.claim_key.tool.clone(),
-        connection: call.route.connection.id.clone(),
-        request_hash: record.pin.request_hash.clone(),
-        fingerprint: record.pin.fingerprint.clone(),
-        attempt_count: record.attempts,
-        outcome,
-        vendor_status,
-        evidence,
-        verification,
-        note: note.map(str::to_owned),
-        policy_publication: call.verdict.publication,
-        matched_policies: call.verdict.policies.clone(),
-        approval_id: call.approval.as_ref().map(|g| g.approval_id.to_string()),
-        key_name: Some(call.key_name.clone()),
-        refusal: false,
-        created_at_ms: record.created_at_ms,
-        finalized_at_ms: now_ms(),
+/// How an invocation ended, as its receipt says.
+#[derive(Debug, Clone, Copy)]
+pub struct Ending<'a> {
+    pub outcome: OutcomeClass,
+    pub vendor_status: Option<u16>,
+    /// What the gateway observed; [`verification`] lowers it for routes it cannot observe.
+    pub observed: Verification,
+    pub note: Option<&'a str>,
+}
+
+/// What may be claimed of an outcome with this evidence: a federated route ran at a broker
+/// the gateway did not observe, so whatever it answered can never be verified.
+pub fn verification(evidence: EvidenceClass, observed: Verification) -> Verification {
+    match evidence {
+        EvidenceClass::GatewayObserved => observed,
+        EvidenceClass::Untrusted => Verification::Unverifiable,
     }
 }
 
-/// The receipt of a held call that ended without being sent (denied or expired).
-pub fn held(ticket: &Ticket, record: &ClaimRecord, note: &str) -> Receipt {
+/// The receipt for `record` (the record as it is being finalized), held by `holder`.
+pub fn build(key: &ClaimKey, record: &ClaimRecord, holder: &Holder, ending: Ending) -> Receipt {
     Receipt {
         id: record.receipt_id.clone(),
-        workspace: ticket.workspace.clone(),
-        idempotency_key: ticket.idempotency_key.clone(),
+        workspace: key.workspace.clone(),
+        idempotency_key: key.key.to_string(),
         key_source: if record.key_supplied {
             KeySource::Supplied
         } else {
             KeySource::Minted
         },
-        tool: ticket.tool.clone(),
-        connection: ticket.connection.clone(),
+        tool: key.tool.clone(),
+        connection: holder.connection.clone(),
         request_hash: record.pin.request_hash.clone(),
         fingerprint: record.pin.fingerprint.clone(),
-        attempt_count: 0,
-        outcome: OutcomeClass::DefinitelyRejected,
-        vendor_status: None,
-        // The gateway knows first-hand that nothing left it.
-        evidence: EvidenceClass::GatewayObserved,
-        verification: Verification::Verified,
-        note: Some(note.to_owned()),
-        policy_publication: ticket.policy_publication,
-        matched_policies: ticket.policies.clone(),
-        approval_id: Some(ticket.id.to_string()),
-        key_name: Some(ticket.key_name.clone()),
+        attempt_count: record.attempts,
+        outcome: ending.outcome,
+        vendor_status: ending.vendor_status,
+        evidence: holder.evidence,
+        verification: verification(holder.evidence, ending.observed),
+        note: ending.note.map(str::to_owned),
+        policy_publication: holder.publication,
+        matched_policies: holder.policies.clone(),
+        approval_id: record.approval().map(|held| held.approval_id.to_string()),
+        key_name: Some(holder.key_name.clone()),
         refusal: false,
         created_at_ms: record.created_at_ms,
         finalized_at_ms: now_ms(),
@@ -92,12 +67,12 @@ pub fn held(ticket: &Ticket, record: &ClaimRecord, note: &str) -> Receipt {
 
 /// The receipt of a call refused as `Unknown tool`: the real reason, for the owner only.
 pub fn refused(
-    key: &crate::policy::VirtualKey,
+    key: &VirtualKey,
     tool: &str,
     connection: Option<&str>,
     arguments: &serde_json::Value,
     reason: String,
-    verdict: Option<&crate::policy::Verdict>,
+    verdict: Option<&Verdict>,
 ) -> Receipt {
     let now = now_ms();
     Receipt {

@@ -134,8 +134,16 @@ async fn post(gateway: &Gateway, headers: &HeaderMap, body: Body) -> Result<Resp
     match message {
         Message::Notification | Message::Reply => Ok(accepted(version)),
         Message::Request { id, method, params } => {
-            let (result, claim) =
-                dispatch(gateway, &key, &method, params, idempotency_key, approval).await;
+            let (result, claim) = dispatch(
+                gateway,
+                &key,
+                &method,
+                params,
+                idempotency_key,
+                approval,
+                &body,
+            )
+            .await;
             let mut response = answer(StatusCode::OK, version, id, result, claim.as_ref());
             if let Some(claim) = claim {
                 response.headers_mut().insert(
@@ -155,49 +163,25 @@ async fn dispatch(
     params: Map<String, Value>,
     idempotency_key: Option<IdempotencyKey>,
     approval: Option<ApprovalGrant>,
+    body: &[u8],
 ) -> (Result<Outcome, ObolError>, Option<ClaimIdentity>) {
     match method {
         "ping" => (Ok(Outcome::Value(json!({}))), None),
         "tools/list" => (Ok(Outcome::Raw(gateway.list_tools(key))), None),
         "tools/call" => {
-            let request = match call_request(params, idempotency_key, approval) {
-                Ok(request) => request,
-                Err(error) => return (Err(error), None),
+            let request = CallRequest {
+                params,
+                // Read from the text: a parsed value has already rounded the digits away.
+                exactness: crate::idempotency::exact_numbers_at(body, &["params", "arguments"]),
+                idempotency_key,
+                approval,
             };
             let catalog = gateway.catalog();
             let answer = invoke::invoke(&gateway.services, &catalog, key, request).await;
-            (answer.result.map(Outcome::Value), answer.claim)
+            (answer.result.map(Outcome::Value), answer.identity)
         }
         _ => (Err(ObolError::MethodNotFound), None),
     }
-}
-
-fn call_request(
-    mut params: Map<String, Value>,
-    idempotency_key: Option<IdempotencyKey>,
-    approval: Option<ApprovalGrant>,
-) -> Result<CallRequest, ObolError> {
-    let name = match params.remove("name") {
-        Some(Value::String(name)) => name,
-        // A name that is not a string cannot name a tool; answer as for any unknown tool.
-        Some(_) => return Err(ObolError::UnknownTool),
-        None => return Err(ObolError::InvalidParams("tools/call needs a name".into())),
-    };
-    let arguments = match params.remove("arguments") {
-        None | Some(Value::Null) => Map::new(),
-        Some(Value::Object(arguments)) => arguments,
-        Some(_) => {
-            return Err(ObolError::InvalidParams(
-                "tools/call arguments must be an object".into(),
-            ));
-        }
-    };
-    Ok(CallRequest {
-        name,
-        arguments,
-        idempotency_key,
-        approval,
-    })
 }
 
 /// The resume headers, verified: both or neither, a well-formed id, a token signed by an
@@ -229,7 +213,7 @@ fn approval_grant(
     let grant = gateway
         .approvals
         .keyring
-        .verify(token, crate::store::now_ms())
+        .verify(token, crate::clock::now_ms())
         .map_err(|error| match error {
             TokenError::Expired => ObolError::ApprovalExpired,
             TokenError::Malformed => ObolError::ApprovalInvalid("the token is malformed"),

@@ -9,24 +9,10 @@ use std::time::Duration;
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method};
 
-use crate::catalog::Propagation;
+use crate::catalog::{HOST_OWNED_HEADERS, Propagation};
 use crate::config::{BaseUrl, OutboundConfig, SecretRef, SecretSource};
 use crate::error::ObolError;
 use crate::runtime::wit;
-
-/// Headers only the host may set. A guest that sets one is refused, not silently corrected:
-/// it is either buggy or trying to smuggle something past the gateway.
-pub const HOST_OWNED_HEADERS: [&str; 9] = [
-    "authorization",
-    "proxy-authorization",
-    "cookie",
-    "host",
-    "content-length",
-    "transfer-encoding",
-    "connection",
-    "upgrade",
-    "x-obol-upstream-authorization",
-];
 
 /// A request that passed every check and carries everything the host adds.
 #[derive(Debug, Clone)]

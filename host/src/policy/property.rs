@@ -1,32 +1,25 @@
 //! Property: for every generated key and policy publication, a tool is listed exactly when it
 //! can be called (full mode): `tools/list` and `tools/call` never disagree.
+//!
+//! The two sides are computed independently, so that a listing that drifts from calling
+//! fails the test. The listed side is the catalog's `tools/list` answer, which reads the
+//! key's cached view. The callable side never reads a view: it is decided per name from the
+//! primitives a call is made of (the name parsed, the route looked up, the prefilter, Cedar
+//! over the whole publication, unsliced), on a second catalog built from the same
+//! configuration, so it shares no cache with the first (neither the views nor the
+//! publication's slices). `tests/policy.rs` replays a sample of the same cases through a
+//! real gateway with real `tools/list` and `tools/call` requests.
 
 use std::sync::Arc;
 
-use crate::catalog::{Catalog, Connector, Manifest};
+use crate::catalog::{Catalog, Connector, Manifest, ToolName};
 use crate::config::Config;
+use crate::policy::cases::{self, Case, Universe};
 use crate::policy::{
-    Environment, KeyHash, PolicyPin, Publication, Scope, ToolFilter, ToolGlob, VirtualKey,
+    Environment, KeyHash, PolicyPin, Publication, Scope, ToolFilter, ToolGlob, Verdict, VirtualKey,
+    prefilter_refusal,
 };
 use crate::runtime::{Runtime, wit};
-
-/// A small deterministic generator (xorshift), so a failure reproduces from its seed.
-struct Gen(u64);
-
-impl Gen {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[(self.next() % items.len() as u64) as usize]
-    }
-    fn chance(&mut self, percent: u64) -> bool {
-        self.next() % 100 < percent
-    }
-}
 
 const CONNECTORS: [&str; 3] = ["alpha", "beta", "gamma"];
 const TOOLS: [(&str, bool); 4] = [
@@ -35,6 +28,9 @@ const TOOLS: [(&str, bool); 4] = [
     ("delete", true),
     ("items.purge", true),
 ];
+const TOOL_NAMES: [&str; 4] = ["read", "items.list", "delete", "items.purge"];
+/// Names no catalog has: calling them must be refused, and no listing may contain them.
+const ABSENT: [&str; 4] = ["alpha.nope", "delta.read", "read", "alpha."];
 
 fn connectors(runtime: &Runtime) -> Vec<Arc<Connector>> {
     let (guest, raw) = runtime
@@ -68,7 +64,7 @@ fn connectors(runtime: &Runtime) -> Vec<Arc<Connector>> {
         .collect()
 }
 
-fn catalog(connectors: &[Arc<Connector>], publication: Arc<Publication>, prod: bool) -> Catalog {
+fn catalog(connectors: &[Arc<Connector>], publication: &str, prod: bool) -> Catalog {
     let mut toml = format!(
         "[server]\nenvironment = \"{}\"\n[[workspaces]]\nid = \"w\"\n",
         if prod { "prod" } else { "dev" }
@@ -79,81 +75,51 @@ fn catalog(connectors: &[Arc<Connector>], publication: Arc<Publication>, prod: b
         ));
     }
     let mut config = Config::parse(&toml, std::path::Path::new(".")).unwrap();
-    config.workspaces[0].publications.push(publication);
+    config.workspaces[0]
+        .publications
+        .push(Arc::new(Publication::parse(1, publication).unwrap()));
     Catalog::build(connectors.to_vec(), &config.workspaces)
 }
 
-fn condition(g: &mut Gen) -> String {
-    match g.next() % 5 {
-        0 => "resource.destructive".into(),
-        1 => format!("resource.connector == \"{}\"", g.pick(&CONNECTORS)),
-        // Pinned to a connector the other way round, inside a conjunction: the slicing
-        // analysis must read both.
-        4 => format!(
-            "principal.environment == \"dev\" && \"{}\" == resource.connector",
-            g.pick(&CONNECTORS)
-        ),
-        2 => "principal.environment == \"prod\"".into(),
-        _ => format!(
-            "resource.connector != \"{}\" && !resource.destructive",
-            g.pick(&CONNECTORS)
-        ),
-    }
-}
-
-fn publication(g: &mut Gen) -> String {
-    let mut text = String::from("permit(principal, action, resource);\n");
-    for _ in 0..(g.next() % 4) {
-        let effect = if g.chance(60) { "forbid" } else { "permit" };
-        let action = match g.next() % 4 {
-            0 => "action",
-            1 => "action == Obol::Action::\"call\"",
-            2 => "action == Obol::Action::\"call_without_approval\"",
-            _ => "action == Obol::Action::\"list\"",
-        };
-        let clause = if g.chance(50) { "when" } else { "unless" };
-        text.push_str(&format!(
-            "{effect}(principal, {action}, resource) {clause} {{ {} }};\n",
-            condition(g)
-        ));
-    }
-    if g.chance(15) {
-        // Sometimes nothing is permitted at all.
-        text = "forbid(principal, action, resource);\n".into();
-    }
-    text
-}
-
-fn key(g: &mut Gen, prod: bool) -> VirtualKey {
-    let mut globs = Vec::new();
-    for _ in 0..=(g.next() % 3) {
-        let connector = g.pick(&CONNECTORS);
-        let (tool, _) = g.pick(&TOOLS);
-        let glob = match g.next() % 4 {
-            0 => format!("{connector}.*"),
-            1 => format!("{connector}.{tool}"),
-            2 => "*".into(),
-            _ => format!("*.{tool}"),
-        };
-        globs.push(ToolGlob::parse(&glob).unwrap());
-    }
-    let filter = g
-        .chance(20)
-        .then(|| ToolFilter::compile("!tool.destructive").unwrap());
+fn key(case: &Case) -> VirtualKey {
     VirtualKey {
         name: "k".into(),
         hash: KeyHash::of_token("k"),
         workspace: "w".into(),
-        environment: if prod {
+        environment: if case.prod {
             Environment::Prod
         } else {
             Environment::Dev
         },
-        allowed_tools: globs,
+        allowed_tools: case
+            .allowed_tools
+            .iter()
+            .map(|glob| ToolGlob::parse(glob).unwrap())
+            .collect(),
         scopes: vec![Scope::Mcp],
-        filter,
+        filter: case
+            .filter
+            .as_deref()
+            .map(|filter| ToolFilter::compile(filter).unwrap()),
         policy: PolicyPin::Latest,
     }
+}
+
+/// Whether a call of `name` by `key` is authorized, and under which verdict, decided from
+/// the primitives alone: never through a key's view, and with Cedar evaluating every policy
+/// of the publication (no slice).
+fn callable(catalog: &Catalog, key: &VirtualKey, name: &str) -> Option<Verdict> {
+    let parsed = ToolName::parse(name)?;
+    let route = catalog.route(&key.workspace, parsed.as_str())?;
+    if prefilter_refusal(key, route).is_some() {
+        return None;
+    }
+    let needs_approval =
+        route.tool().effect.destructive && route.connection.environment == Environment::Prod;
+    let verdict = catalog
+        .policies
+        .decide_with(key, route, needs_approval, false);
+    verdict.allowed.then_some(verdict)
 }
 
 #[test]
@@ -164,50 +130,73 @@ fn listing_and_calling_agree_over_a_thousand_generated_cases() {
     })
     .unwrap();
     let connectors = connectors(&runtime);
-    let mut g = Gen(0x5eed_0b01_u64);
+    let universe = Universe {
+        connectors: &CONNECTORS,
+        tools: &TOOL_NAMES,
+    };
+    let names: Vec<String> = CONNECTORS
+        .iter()
+        .flat_map(|connector| {
+            TOOLS
+                .iter()
+                .map(move |(tool, _)| format!("{connector}.{tool}"))
+        })
+        .collect();
     let mut listed_total = 0;
     let mut hidden_total = 0;
-    for case in 0..1000 {
-        let prod = g.chance(50);
-        let text = publication(&mut g);
-        let publication = Arc::new(Publication::parse(1, &text).unwrap());
-        let catalog = catalog(&connectors, publication, prod);
-        let key = key(&mut g, prod);
-        let listing: serde_json::Value = serde_json::from_str(&catalog.listing(&key)).unwrap();
-        let listed: Vec<String> = listing["tools"]
+    for case in cases::generate(universe, 1000) {
+        let key = key(&case);
+        let publication = &case.publication;
+        // Two snapshots of the same configuration: one lists, the other decides calls.
+        let listing_catalog = catalog(&connectors, publication, case.prod);
+        let calling_catalog = catalog(&connectors, publication, case.prod);
+        let context = || format!("case {}\n{publication}key {case:?}", case.number);
+
+        let listing: serde_json::Value =
+            serde_json::from_str(&listing_catalog.listing(&key)).unwrap();
+        let mut listed: Vec<String> = listing["tools"]
             .as_array()
             .unwrap()
             .iter()
             .map(|t| t["name"].as_str().unwrap().to_owned())
             .collect();
-        for connector in CONNECTORS {
-            for (tool, _) in TOOLS {
-                let name = format!("{connector}.{tool}");
-                // Slicing the publication by connector and action never changes a decision.
-                let route = catalog.route("w", &name).unwrap();
-                for needs_approval in [false, true] {
-                    assert_eq!(
-                        catalog
-                            .policies
-                            .decide_with(&key, route, needs_approval, true),
-                        catalog
-                            .policies
-                            .decide_with(&key, route, needs_approval, false),
-                        "case {case}: {name}\n{text}"
-                    );
-                }
-                let callable = crate::invoke::route(&catalog, &key, &name).is_some();
-                let is_listed = listed.contains(&name);
+        listed.sort();
+        let decided: Vec<(&str, Option<Verdict>)> = names
+            .iter()
+            .map(String::as_str)
+            .chain(ABSENT)
+            .map(|name| (name, callable(&calling_catalog, &key, name)))
+            .collect();
+        let mut callable_names: Vec<String> = decided
+            .iter()
+            .filter(|(_, verdict)| verdict.is_some())
+            .map(|(name, _)| (*name).to_owned())
+            .collect();
+        callable_names.sort();
+        assert_eq!(listed, callable_names, "listed vs callable\n{}", context());
+        // What `tools/call` routes agrees too, down to the verdict its receipt and approval
+        // follow.
+        for (name, verdict) in decided {
+            let routed = crate::invoke::route(&listing_catalog, &key, name).map(|(_, v)| v);
+            assert_eq!(routed, verdict, "{name} routed\n{}", context());
+        }
+        listed_total += listed.len();
+        hidden_total += names.len() - listed.len();
+
+        // Slicing the publication by connector and action never changes a decision.
+        for name in &names {
+            let route = listing_catalog.route("w", name).unwrap();
+            for needs_approval in [false, true] {
                 assert_eq!(
-                    callable, is_listed,
-                    "case {case}: {name} listed={is_listed} callable={callable}\n{text}\nkey {:?}",
-                    key.allowed_tools
+                    listing_catalog
+                        .policies
+                        .decide_with(&key, route, needs_approval, true),
+                    calling_catalog
+                        .policies
+                        .decide_with(&key, route, needs_approval, false),
+                    "{name} sliced vs unsliced\n{}",
+                    context()
                 );
-                if is_listed {
-                    listed_total += 1;
-                } else {
-                    hidden_total += 1;
-                }
             }
         }
     }

@@ -15,21 +15,38 @@ fn key(n: u32) -> ClaimKey {
     }
 }
 
+fn holder() -> Holder {
+    Holder {
+        workspace: "acme".into(),
+        connection: "stripe-main".into(),
+        tool: "stripe.create_refund".into(),
+        idempotency_key: "idt_contract".into(),
+        key_hash: "sha256:00".into(),
+        key_name: "agent".into(),
+        publication: None,
+        policies: Vec::new(),
+        approval: ApprovalBasis::NotRequired,
+        evidence: EvidenceClass::GatewayObserved,
+    }
+}
+
 fn record() -> ClaimRecord {
-    ClaimRecord {
-        version: 1,
-        pin: Pin::new(
+    record_leased_until(now_ms() + 30_000)
+}
+
+fn record_leased_until(lease_until_ms: u64) -> ClaimRecord {
+    ClaimRecord::open(
+        Pin::new(
             RequestHash::of_arguments(&serde_json::json!({"charge": "ch_1"})),
-            "header:idempotency-key".into(),
+            PinnedBinding::Header("idempotency-key".into()),
             "fp".into(),
         ),
-        state: ClaimState::Reserved { attempt: 1 },
-        attempts: 1,
-        lease_until_ms: now_ms() + 30_000,
-        receipt_id: format!("rcp_contract{}", now_ms()),
-        key_supplied: true,
-        created_at_ms: now_ms(),
-    }
+        holder(),
+        Opening::Reserved { lease_until_ms },
+        format!("rcp_contract{}", now_ms()),
+        true,
+        now_ms(),
+    )
 }
 
 fn receipt(record: &ClaimRecord, claim: &ClaimKey) -> Receipt {
@@ -67,6 +84,67 @@ pub async fn run(store: &Store) {
     keys_are_independent(store).await;
     tickets_are_written_once_and_decided_once(store).await;
     registry_inserts_once_and_puts_always(store).await;
+    expired_leases_are_found_until_settled(store).await;
+    records_of_the_previous_release_are_kept(store).await;
+}
+
+/// A record as 0.1 wrote it (no holder; the attempt named in the state) round-trips through
+/// the backend and keeps its meaning.
+async fn records_of_the_previous_release_are_kept(store: &Store) {
+    let k = key(30);
+    let old: ClaimRecord = serde_json::from_value(serde_json::json!({
+        "version": 2,
+        "pin": {"request_hash": "ab", "binding": "header:idempotency-key", "fingerprint": "f"},
+        "state": {"state": "finalized",
+                  "outcome": {"class": "unknown", "vendor_status": null, "response": {"Err": {"code": -32034}}}},
+        "attempts": 1, "lease_until_ms": 5, "receipt_id": "rcp_old", "key_supplied": true,
+        "created_at_ms": 1
+    }))
+    .unwrap();
+    assert!(old.holder.is_none() && old.pin.binding.is_vendor_binding());
+    assert_eq!(store.claim(&k, &old).await.unwrap(), Claim::Acquired);
+    let read = store.get(&k).await.unwrap().unwrap();
+    assert_eq!(read, old);
+    let ClaimState::Finalized { outcome } = &read.state else {
+        panic!("{read:?}");
+    };
+    assert_eq!(outcome.class, OutcomeClass::Unknown);
+    // Resent under a vendor binding: the next attempt is counted on top of the old one.
+    let resent = read.reserve_next(holder(), now_ms() + 30_000);
+    assert!(store.transition(&k, &read, &resent).await.unwrap());
+    assert_eq!(store.get(&k).await.unwrap().unwrap().attempts, 2);
+}
+
+/// The sweeper's index: a reserved attempt whose lease ended is reported, with its holder,
+/// until the claim leaves `Reserved`; a live one and a finalized one are not.
+async fn expired_leases_are_found_until_settled(store: &Store) {
+    let (dead_key, live_key) = (key(20), key(21));
+    let dead = record_leased_until(now_ms().saturating_sub(1));
+    let live = record();
+    store.claim(&dead_key, &dead).await.unwrap();
+    store.claim(&live_key, &live).await.unwrap();
+    let found = store.expired_leases(now_ms(), 10_000).await.unwrap();
+    assert!(found.contains(&dead), "{found:?}");
+    assert!(!found.iter().any(|r| r.receipt_id == live.receipt_id
+        && r.version == live.version
+        && r.lease_until_ms == live.lease_until_ms));
+    let settled = dead.finalize(StoredOutcome {
+        class: OutcomeClass::Unknown,
+        vendor_status: None,
+        response: Err(serde_json::json!({"code": -32000})),
+    });
+    let receipt = receipt(&settled, &dead_key);
+    assert!(
+        store
+            .finalize(&dead_key, &dead, &settled, &receipt)
+            .await
+            .unwrap()
+    );
+    let found = store.expired_leases(now_ms(), 10_000).await.unwrap();
+    assert!(
+        !found.contains(&dead) && !found.contains(&settled),
+        "{found:?}"
+    );
 }
 
 async fn registry_inserts_once_and_puts_always(store: &Store) {
@@ -189,10 +267,8 @@ async fn claims_are_created_once(store: &Store) {
 async fn transitions_compare_and_set(store: &Store) {
     let (k, r) = (key(2), record());
     store.claim(&k, &r).await.unwrap();
-    let mut next = r.clone();
-    next.version = 2;
-    next.state = ClaimState::Reserved { attempt: 2 };
-    next.attempts = 2;
+    let next = r.reserve_next(holder(), now_ms() + 30_000);
+    assert_eq!((next.version, next.attempts), (2, 2));
     assert!(store.transition(&k, &r, &next).await.unwrap());
     // The same expectation again is stale: exactly one of two racers wins.
     assert!(!store.transition(&k, &r, &next).await.unwrap());
@@ -204,15 +280,11 @@ async fn transitions_compare_and_set(store: &Store) {
 async fn finalize_stores_the_receipt(store: &Store) {
     let (k, r) = (key(3), record());
     store.claim(&k, &r).await.unwrap();
-    let mut done = r.clone();
-    done.version = 2;
-    done.state = ClaimState::Finalized {
-        outcome: StoredOutcome {
-            class: OutcomeClass::Accepted,
-            vendor_status: Some(200),
-            response: Ok(serde_json::json!({"content": [], "isError": false})),
-        },
-    };
+    let done = r.finalize(StoredOutcome {
+        class: OutcomeClass::Accepted,
+        vendor_status: Some(200),
+        response: Ok(serde_json::json!({"content": [], "isError": false})),
+    });
     let receipt = receipt(&r, &k);
     assert!(store.finalize(&k, &r, &done, &receipt).await.unwrap());
     assert_eq!(store.get(&k).await.unwrap(), Some(done.clone()));
@@ -224,8 +296,7 @@ async fn finalize_stores_the_receipt(store: &Store) {
     let listed = store.receipts("acme", 100).await.unwrap();
     assert!(listed.iter().any(|r| r.id == receipt.id));
     // A redispatched call finalizes its receipt again: still one receipt in the listing.
-    let mut again = done.clone();
-    again.version = 3;
+    let again = done.renew(now_ms());
     let mut later = receipt.clone();
     later.attempt_count = 2;
     later.finalized_at_ms += 5;

@@ -14,7 +14,7 @@ use std::sync::mpsc;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::oneshot;
 
-use super::{Claim, ClaimKey, ClaimRecord, Receipt, Registry, StoreError};
+use super::{Claim, ClaimKey, ClaimRecord, Receipt, Registry, RegistryWrite, StoreError};
 use crate::approvals::{ApprovalId, Decided, Decision, Ticket, TicketStatus};
 
 const CLAIMS: TableDefinition<&str, &[u8]> = TableDefinition::new("claims");
@@ -27,6 +27,9 @@ const REGISTRY: TableDefinition<&str, &str> = TableDefinition::new("registry");
 const TICKETS: TableDefinition<&str, &[u8]> = TableDefinition::new("approval_tickets");
 /// `{workspace}\0{created_at_ms:020}\0{id}` → (), for the inbox's newest-first listing.
 const TICKET_INDEX: TableDefinition<&str, ()> = TableDefinition::new("approval_index");
+/// Slot → lease end (ms) of every claim with an attempt reserved: what the sweeper reads to
+/// find dead holders without walking every claim. Written in the claim's own transaction.
+const LEASES: TableDefinition<&str, u64> = TableDefinition::new("leases");
 
 /// The most operations one group commit takes.
 const MAX_BATCH: usize = 256;
@@ -52,12 +55,14 @@ enum Op {
     Claim {
         slot: String,
         record: Vec<u8>,
+        lease: Option<u64>,
         reply: oneshot::Sender<Result<Claim, StoreError>>,
     },
     Transition {
         slot: String,
         expected_version: u64,
         next: Vec<u8>,
+        lease: Option<u64>,
         receipt: Option<Box<Receipt>>,
         reply: oneshot::Sender<Result<bool, StoreError>>,
     },
@@ -79,7 +84,7 @@ enum Op {
     Registry {
         key: String,
         value: String,
-        only_if_absent: bool,
+        mode: RegistryWrite,
         reply: oneshot::Sender<Result<bool, StoreError>>,
     },
 }
@@ -103,6 +108,7 @@ impl EmbeddedStore {
         txn.open_table(TICKETS).map_err(failed)?;
         txn.open_table(TICKET_INDEX).map_err(failed)?;
         txn.open_table(REGISTRY).map_err(failed)?;
+        txn.open_table(LEASES).map_err(failed)?;
         txn.commit().map_err(failed)?;
         let db = Arc::new(db);
         let syncs = Arc::new(AtomicU64::new(0));
@@ -118,10 +124,12 @@ impl EmbeddedStore {
     }
 
     pub async fn claim(&self, key: &ClaimKey, record: &ClaimRecord) -> Result<Claim, StoreError> {
+        let lease = record.reserved_lease();
         let record = serde_json::to_vec(record).map_err(failed)?;
         self.ask(|reply| Op::Claim {
             slot: key.slot(),
             record,
+            lease,
             reply,
         })
         .await
@@ -134,11 +142,13 @@ impl EmbeddedStore {
         next: &ClaimRecord,
         receipt: Option<&Receipt>,
     ) -> Result<bool, StoreError> {
+        let lease = next.reserved_lease();
         let next = serde_json::to_vec(next).map_err(failed)?;
         self.ask(|reply| Op::Transition {
             slot: key.slot(),
             expected_version: expected.version,
             next,
+            lease,
             receipt: receipt.cloned().map(Box::new),
             reply,
         })
@@ -186,12 +196,12 @@ impl EmbeddedStore {
         registry: Registry,
         name: &str,
         value: &str,
-        only_if_absent: bool,
+        mode: RegistryWrite,
     ) -> Result<bool, StoreError> {
         self.ask(|reply| Op::Registry {
             key: format!("{}\0{name}", registry.as_str()),
             value: value.to_owned(),
-            only_if_absent,
+            mode,
             reply,
         })
         .await
@@ -253,6 +263,30 @@ impl EmbeddedStore {
 
     pub async fn get(&self, key: &ClaimKey) -> Result<Option<ClaimRecord>, StoreError> {
         read_json(&self.inner.db, CLAIMS, &key.slot())
+    }
+
+    pub async fn expired_leases(
+        &self,
+        now_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<ClaimRecord>, StoreError> {
+        let txn = self.inner.db.begin_read().map_err(failed)?;
+        let leases = txn.open_table(LEASES).map_err(failed)?;
+        let claims = txn.open_table(CLAIMS).map_err(failed)?;
+        let mut out = Vec::new();
+        for entry in leases.iter().map_err(failed)? {
+            let (slot, until) = entry.map_err(failed)?;
+            if until.value() > now_ms {
+                continue;
+            }
+            if let Some(bytes) = claims.get(slot.value()).map_err(failed)? {
+                out.push(serde_json::from_slice(bytes.value()).map_err(failed)?);
+            }
+            if out.len() >= limit {
+                break;
+            }
+        }
+        Ok(out)
     }
 
     pub async fn receipt(&self, workspace: &str, id: &str) -> Result<Option<Receipt>, StoreError> {
@@ -459,13 +493,19 @@ fn apply(db: &Database, batch: &[Op]) -> Result<Vec<Applied>, StoreError> {
         let mut tickets = txn.open_table(TICKETS).map_err(failed)?;
         let mut ticket_index = txn.open_table(TICKET_INDEX).map_err(failed)?;
         let mut registry = txn.open_table(REGISTRY).map_err(failed)?;
+        let mut leases = txn.open_table(LEASES).map_err(failed)?;
         let mut next_audit = audit
             .last()
             .map_err(failed)?
             .map_or(0, |(seq, _)| seq.value() + 1);
         for op in batch {
             match op {
-                Op::Claim { slot, record, .. } => {
+                Op::Claim {
+                    slot,
+                    record,
+                    lease,
+                    ..
+                } => {
                     let existing = claims
                         .get(slot.as_str())
                         .map_err(failed)?
@@ -478,6 +518,9 @@ fn apply(db: &Database, batch: &[Op]) -> Result<Vec<Applied>, StoreError> {
                             claims
                                 .insert(slot.as_str(), record.as_slice())
                                 .map_err(failed)?;
+                            if let Some(until) = lease {
+                                leases.insert(slot.as_str(), *until).map_err(failed)?;
+                            }
                             results.push(Applied::Claim(Box::new(Claim::Acquired)));
                         }
                     }
@@ -486,6 +529,7 @@ fn apply(db: &Database, batch: &[Op]) -> Result<Vec<Applied>, StoreError> {
                     slot,
                     expected_version,
                     next,
+                    lease,
                     receipt,
                     ..
                 } => {
@@ -495,6 +539,11 @@ fn apply(db: &Database, batch: &[Op]) -> Result<Vec<Applied>, StoreError> {
                         claims
                             .insert(slot.as_str(), next.as_slice())
                             .map_err(failed)?;
+                        match lease {
+                            Some(until) => leases.insert(slot.as_str(), *until).map(|_| ()),
+                            None => leases.remove(slot.as_str()).map(|_| ()),
+                        }
+                        .map_err(failed)?;
                         if let Some(receipt) = receipt {
                             write_receipt(
                                 &mut receipts,
@@ -555,13 +604,10 @@ fn apply(db: &Database, batch: &[Op]) -> Result<Vec<Applied>, StoreError> {
                     results.push(Applied::DecideTicket(outcome));
                 }
                 Op::Registry {
-                    key,
-                    value,
-                    only_if_absent,
-                    ..
+                    key, value, mode, ..
                 } => {
-                    let write =
-                        !*only_if_absent || registry.get(key.as_str()).map_err(failed)?.is_none();
+                    let write = *mode == RegistryWrite::Overwrite
+                        || registry.get(key.as_str()).map_err(failed)?.is_none();
                     if write {
                         registry
                             .insert(key.as_str(), value.as_str())

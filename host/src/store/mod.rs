@@ -9,6 +9,7 @@
 //! it. A reservation is therefore durable before its request leaves, and a crash can leave a
 //! claim `Reserved` (later finalized `unknown`), never a silent second effect.
 
+mod claim;
 pub mod contract;
 mod embedded;
 mod redis;
@@ -16,11 +17,15 @@ mod redis;
 mod volatile;
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use crate::approvals::{ApprovalId, Decided, Decision, Ticket};
-use crate::idempotency::{IdempotencyKey, RequestHash};
+use crate::clock::now_ms;
+use crate::idempotency::IdempotencyKey;
 
+pub use claim::{
+    ApprovalBasis, Claim, ClaimRecord, ClaimState, HeldFor, Holder, Opening, OutcomeClass, Pin,
+    PinnedBinding, StoredOutcome,
+};
 pub use embedded::EmbeddedStore;
 pub use redis::RedisStore;
 #[cfg(feature = "test-util")]
@@ -63,115 +68,6 @@ impl ClaimKey {
         }
         slot
     }
-}
-
-/// What a claim pins when it is first acquired. A later call under the same key must match
-/// all of it, or it is an `idempotency_conflict`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Pin {
-    /// sha256 of the canonical arguments.
-    pub request_hash: String,
-    /// The tool's declared propagation (`none`, `unsupported`, `header:NAME`, `body_field:PTR`).
-    pub binding: String,
-    /// Non-secret target facts: connector digest, destination origin, upstream tool.
-    pub fingerprint: String,
-}
-
-impl Pin {
-    pub fn new(request_hash: RequestHash, binding: String, fingerprint: String) -> Pin {
-        Pin {
-            request_hash: request_hash.to_string(),
-            binding,
-            fingerprint,
-        }
-    }
-
-    /// Whether the tool has a vendor idempotency binding (the vendor deduplicates on the key).
-    pub fn has_vendor_binding(&self) -> bool {
-        // Mirrors `Propagation::is_binding` on the pinned form.
-        self.binding.starts_with("header:") || self.binding.starts_with("body_field:")
-    }
-}
-
-/// How a finished invocation ended, as the receipt and the retry rules see it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum OutcomeClass {
-    Accepted,
-    DefinitelyRejected,
-    /// The vendor may or may not have acted. Never reported as success.
-    Unknown,
-}
-
-/// The claim state machine. Every transition is a compare-and-set.
-///
-/// ```text
-/// Claimed ──reserve──▶ Reserved{1} ──reserve (one immediate retry)──▶ Reserved{2}
-///    ▲                     │                                               │
-///    │ (lease expired,     └──────────────finalize──────────────┬──────────┘
-///    │  nothing sent)                                           ▼
-///    └──────────────────────────────────────────────── Finalized{accepted | definitely_rejected | unknown}
-///                                           Finalized{unknown} with a vendor binding ──reserve──▶ Reserved{n+1}
-///
-/// AwaitingApproval ──approved token──▶ Reserved{1}
-///        └──────────denied, or expired──▶ Finalized{definitely_rejected} (nothing was sent)
-/// ```
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "state", rename_all = "snake_case")]
-pub enum ClaimState {
-    /// Acquired; no attempt is reserved, so nothing can have been sent under this claim yet
-    /// (beyond attempts already counted and finalized).
-    Claimed,
-    /// Held for a human's decision: nothing is reserved or sent. Only a valid token for
-    /// `approval_id` moves it on; it outlives the ticket, so a late resume finds the slot.
-    AwaitingApproval {
-        approval_id: ApprovalId,
-        expires_at_ms: u64,
-    },
-    /// Attempt `attempt` is durably reserved and may be on the wire until `lease_until_ms`.
-    Reserved {
-        attempt: u32,
-    },
-    Finalized {
-        outcome: StoredOutcome,
-    },
-}
-
-/// A finished invocation, stored so a same-key replay returns exactly what the first call
-/// returned.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct StoredOutcome {
-    pub class: OutcomeClass,
-    pub vendor_status: Option<u16>,
-    /// The MCP result (`Ok`) or the JSON-RPC error object (`Err`) the first call answered.
-    pub response: Result<Value, Value>,
-}
-
-/// One claim, as stored.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ClaimRecord {
-    /// Incremented by every transition; the compare in compare-and-set.
-    pub version: u64,
-    pub pin: Pin,
-    pub state: ClaimState,
-    /// Attempts reserved so far; equals the number of requests that may have been sent.
-    pub attempts: u32,
-    /// Until when the holder's lease runs (ms since the epoch). A `Claimed` or `Reserved`
-    /// record past its lease belongs to a holder that died.
-    pub lease_until_ms: u64,
-    pub receipt_id: String,
-    /// Whether the client supplied the key (else the gateway minted it).
-    pub key_supplied: bool,
-    pub created_at_ms: u64,
-}
-
-/// What [`Store::claim`] found.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Claim {
-    /// The record did not exist and is now ours, as given.
-    Acquired,
-    /// A record exists; the caller decides (replay, conflict, not ready, redispatch).
-    Existing(Box<ClaimRecord>),
 }
 
 /// A receipt: what one invocation did, for the workspace owner. No secrets, no arguments.
@@ -263,6 +159,15 @@ impl Registry {
     }
 }
 
+/// How a registry write treats a record that already exists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RegistryWrite {
+    /// Publications are immutable: a second write under a name changes nothing.
+    InsertOnly,
+    /// A key's revocation rewrites its record.
+    Overwrite,
+}
+
 /// The configured backend.
 #[derive(Debug, Clone)]
 pub enum Store {
@@ -329,6 +234,21 @@ impl Store {
             Store::Redis(s) => s.get(key).await,
             #[cfg(feature = "test-util")]
             Store::Volatile(s) => s.get(key).await,
+        }
+    }
+
+    /// Up to `limit` claims whose reserved attempt's lease ended by `now_ms`: holders presumed
+    /// dead, for the sweeper to settle.
+    pub async fn expired_leases(
+        &self,
+        now_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<ClaimRecord>, StoreError> {
+        match self {
+            Store::Embedded(s) => s.expired_leases(now_ms, limit).await,
+            Store::Redis(s) => s.expired_leases(now_ms, limit).await,
+            #[cfg(feature = "test-util")]
+            Store::Volatile(s) => s.expired_leases(now_ms, limit).await,
         }
     }
 
@@ -422,10 +342,19 @@ impl Store {
         value: &str,
     ) -> Result<bool, StoreError> {
         match self {
-            Store::Embedded(s) => s.registry_write(registry, name, value, true).await,
-            Store::Redis(s) => s.registry_write(registry, name, value, true).await,
+            Store::Embedded(s) => {
+                s.registry_write(registry, name, value, RegistryWrite::InsertOnly)
+                    .await
+            }
+            Store::Redis(s) => {
+                s.registry_write(registry, name, value, RegistryWrite::InsertOnly)
+                    .await
+            }
             #[cfg(feature = "test-util")]
-            Store::Volatile(s) => s.registry_write(registry, name, value, true).await,
+            Store::Volatile(s) => {
+                s.registry_write(registry, name, value, RegistryWrite::InsertOnly)
+                    .await
+            }
         }
     }
 
@@ -437,10 +366,19 @@ impl Store {
         value: &str,
     ) -> Result<(), StoreError> {
         let result = match self {
-            Store::Embedded(s) => s.registry_write(registry, name, value, false).await,
-            Store::Redis(s) => s.registry_write(registry, name, value, false).await,
+            Store::Embedded(s) => {
+                s.registry_write(registry, name, value, RegistryWrite::Overwrite)
+                    .await
+            }
+            Store::Redis(s) => {
+                s.registry_write(registry, name, value, RegistryWrite::Overwrite)
+                    .await
+            }
             #[cfg(feature = "test-util")]
-            Store::Volatile(s) => s.registry_write(registry, name, value, false).await,
+            Store::Volatile(s) => {
+                s.registry_write(registry, name, value, RegistryWrite::Overwrite)
+                    .await
+            }
         };
         result.map(|_| ())
     }
@@ -480,17 +418,6 @@ pub(crate) fn audit_event(receipt: &Receipt) -> serde_json::Value {
         "outcome": receipt.outcome,
         "attempt_count": receipt.attempt_count,
     })
-}
-
-/// Milliseconds since the Unix epoch. Test builds may run the clock ahead
-/// (`OBOL_CLOCK_OFFSET_MS`), so expiry can be tested without waiting a day.
-pub fn now_ms() -> u64 {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
-    #[cfg(feature = "test-util")]
-    let now = now + crate::failpoint::clock_offset_ms();
-    now
 }
 
 /// The ticket as decided (shared by every backend).

@@ -17,12 +17,18 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{AsyncCommands, Script};
 
-use super::{Claim, ClaimKey, ClaimRecord, Receipt, Registry, StoreError};
+use super::{Claim, ClaimKey, ClaimRecord, Receipt, Registry, RegistryWrite, StoreError};
 use crate::approvals::{ApprovalId, Decided, Decision, Ticket};
 
 /// Claims, receipts and audit entries are kept this long (at least 24 h, longer than an
 /// approval ticket).
 const RETENTION_SECONDS: u64 = 72 * 3600;
+
+/// Slot → lease end (ms) of claims with an attempt reserved, for the sweeper. It lives outside
+/// every claim's hash tag, so it is written beside the scripts, never inside them: before a
+/// reservation (a failed write fails the call closed, and an entry whose claim moved on is
+/// dropped by the sweeper) and, best-effort, after the claim leaves `Reserved`.
+const LEASES: &str = "obol:leases";
 
 const CLAIM: &str = r"
 local v = redis.call('HGET', KEYS[1], 'v')
@@ -126,6 +132,9 @@ impl RedisStore {
         let (claim, _, _) = claim_key(key);
         let json = serde_json::to_string(record).map_err(failed)?;
         let mut connection = self.connection.clone();
+        if let Some(until) = record.reserved_lease() {
+            self.index_lease(key, until).await?;
+        }
         let (found, existing): (i64, Option<String>) = self
             .claim
             .key(claim)
@@ -163,6 +172,9 @@ impl RedisStore {
             .map(|r| super::audit_event(r).to_string())
             .unwrap_or_default();
         let mut connection = self.connection.clone();
+        if let Some(until) = next.reserved_lease() {
+            self.index_lease(key, until).await?;
+        }
         let done: i64 = self
             .transition
             .key(claim)
@@ -178,6 +190,14 @@ impl RedisStore {
             .await
             .map_err(failed)?;
         self.syncs.fetch_add(1, Ordering::Relaxed);
+        if done == 1 && next.reserved_lease().is_none() {
+            let removed: Result<(), _> = connection.zrem(LEASES, key.slot()).await;
+            if let Err(error) = removed {
+                tracing::warn!(
+                    "a settled claim stays in the lease index until the sweeper drops it: {error}"
+                );
+            }
+        }
         if done == 1
             && let Some(receipt) = receipt
         {
@@ -188,6 +208,44 @@ impl RedisStore {
             }
         }
         Ok(done == 1)
+    }
+
+    async fn index_lease(&self, key: &ClaimKey, until_ms: u64) -> Result<(), StoreError> {
+        let mut connection = self.connection.clone();
+        connection
+            .zadd::<_, _, _, ()>(LEASES, key.slot(), until_ms)
+            .await
+            .map_err(failed)
+    }
+
+    pub async fn expired_leases(
+        &self,
+        now_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<ClaimRecord>, StoreError> {
+        let mut connection = self.connection.clone();
+        let slots: Vec<String> = connection
+            .zrangebyscore_limit(LEASES, 0, now_ms, 0, limit as isize)
+            .await
+            .map_err(failed)?;
+        let mut out = Vec::new();
+        for slot in slots {
+            let json: Option<String> = connection
+                .hget(format!("obol:{{{slot}}}:claim"), "r")
+                .await
+                .map_err(failed)?;
+            let record = json
+                .map(|j| serde_json::from_str::<ClaimRecord>(&j).map_err(failed))
+                .transpose()?;
+            match record {
+                Some(record) if record.holder_died(now_ms) => out.push(record),
+                // Moved on (or expired): the entry points at nothing the sweeper must settle.
+                _ => {
+                    let _: Result<(), _> = connection.zrem(LEASES, &slot).await;
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Points `obol:receipt:{workspace}:{id}` at where the receipt lives and lists it.
@@ -283,11 +341,11 @@ impl RedisStore {
         registry: Registry,
         name: &str,
         value: &str,
-        only_if_absent: bool,
+        mode: RegistryWrite,
     ) -> Result<bool, StoreError> {
         let mut connection = self.connection.clone();
         let hash = format!("obol:registry:{}", registry.as_str());
-        let written: bool = if only_if_absent {
+        let written: bool = if mode == RegistryWrite::InsertOnly {
             connection
                 .hset_nx(hash, name, value)
                 .await

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
-use super::{Claim, ClaimKey, ClaimRecord, Receipt, Registry, StoreError};
+use super::{Claim, ClaimKey, ClaimRecord, Receipt, Registry, RegistryWrite, StoreError};
 use crate::approvals::{ApprovalId, Decided, Decision, Ticket, TicketStatus};
 
 #[derive(Debug, Clone, Default)]
@@ -52,6 +52,21 @@ impl VolatileStore {
             );
         }
         Ok(true)
+    }
+
+    pub async fn expired_leases(
+        &self,
+        now_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<ClaimRecord>, StoreError> {
+        let state = self.state.lock().expect("store lock");
+        Ok(state
+            .claims
+            .values()
+            .filter(|record| record.holder_died(now_ms))
+            .take(limit)
+            .cloned()
+            .collect())
     }
 
     pub async fn get(&self, key: &ClaimKey) -> Result<Option<ClaimRecord>, StoreError> {
@@ -155,11 +170,11 @@ impl VolatileStore {
         registry: Registry,
         name: &str,
         value: &str,
-        only_if_absent: bool,
+        mode: RegistryWrite,
     ) -> Result<bool, StoreError> {
         let mut state = self.state.lock().expect("store lock");
         let key = (registry.as_str(), name.to_owned());
-        if only_if_absent && state.registry.contains_key(&key) {
+        if mode == RegistryWrite::InsertOnly && state.registry.contains_key(&key) {
             return Ok(false);
         }
         state.registry.insert(key, value.to_owned());

@@ -1,0 +1,192 @@
+//! The component kind: the guest prepares a request template, the host checks it, completes
+//! it and sends it, and the guest interprets the reply the host already classified.
+
+use base64::Engine;
+use serde_json::{Value, json};
+
+use crate::catalog::{Route, StatusClass};
+use crate::error::ObolError;
+use crate::idempotency::IdempotencyKey;
+use crate::invoke::Services;
+use crate::outbound::{AttemptOutcome, Prepared, VendorReply};
+use crate::runtime::{GuestFailure, wit};
+
+/// A checked request with the host's parts added (credential, idempotency key).
+pub type Request = Prepared;
+
+/// Lets the guest build the request template, then checks it against the connection and
+/// completes it. Returns the request and its pinned facts (`METHOD ORIGIN UPSTREAM_TOOL`).
+pub async fn prepare(
+    services: &Services,
+    route: &Route,
+    arguments: &Value,
+    idempotency_key: &IdempotencyKey,
+) -> Result<(Request, String), ObolError> {
+    let facts = wit::ConnectionFacts {
+        base_url: route.connection.base_url.as_str().to_owned(),
+        settings: route
+            .connection
+            .settings
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+    };
+    let template = services
+        .runtime
+        .prepare(
+            &route.connector.guest,
+            route.connector.manifest.name.as_str(),
+            route.name.upstream(),
+            arguments.to_string(),
+            facts,
+        )
+        .await
+        .map_err(guest_failed)?
+        .map_err(|error| match error {
+            wit::PrepareError::InvalidArguments(message) => ObolError::InvalidArguments(message),
+            wit::PrepareError::UnknownTool => {
+                ObolError::ComponentFailed("the component does not know its own tool".into())
+            }
+        })?;
+    let prepared = Prepared::new(
+        template,
+        &route.connection.base_url,
+        &route.tool().effect.propagation,
+        Some(idempotency_key.as_str()),
+        route.connection.secret.as_ref(),
+    )
+    .inspect_err(|error| {
+        if *error == ObolError::EgressDenied {
+            tracing::warn!(tool = %route.name, "refused a request outside the connection's origin");
+        }
+    })?;
+    let facts = format!(
+        "{} {} {}",
+        prepared.method(),
+        prepared.origin(),
+        route.name.upstream()
+    );
+    Ok((prepared, facts))
+}
+
+/// Sends one attempt through the outbound hop.
+pub async fn send(services: &Services, request: &Request) -> AttemptOutcome {
+    failpoint("hang-before-send").await;
+    let outcome = services.outbound.send(request.clone()).await;
+    failpoint("hang-after-send").await;
+    outcome
+}
+
+/// Runs `interpret` and checks its output. The class was decided before, by the host.
+pub async fn render(
+    services: &Services,
+    route: &Route,
+    class: StatusClass,
+    reply: VendorReply,
+) -> Result<Value, ObolError> {
+    let output = services
+        .runtime
+        .interpret(
+            &route.connector.guest,
+            route.connector.manifest.name.as_str(),
+            route.name.upstream(),
+            wit::VendorResponse {
+                status: reply.status,
+                headers: reply.headers,
+                body: reply.body,
+            },
+        )
+        .await
+        .map_err(guest_failed)?
+        .map_err(|error| match error {
+            wit::InterpretError::MalformedResponse(_) => {
+                // The message is derived from the vendor's response; it stays out of errors
+                // and logs.
+                ObolError::ComponentFailed(
+                    "the component could not read the vendor's response".into(),
+                )
+            }
+            wit::InterpretError::UnknownTool => {
+                ObolError::ComponentFailed("the component does not know its own tool".into())
+            }
+        })?;
+    render_output(services, route, class, output)
+}
+
+/// Crash tests stop the gateway at a named point (`OBOL_FAILPOINTS`); only the `test-util`
+/// build has failpoints.
+async fn failpoint(name: &str) {
+    #[cfg(feature = "test-util")]
+    if crate::failpoint::active(name) {
+        tracing::warn!("failpoint {name}: hanging");
+        std::future::pending::<()>().await;
+    }
+    let _ = name;
+}
+
+fn guest_failed(failure: GuestFailure) -> ObolError {
+    match failure {
+        GuestFailure::Busy(_) => ObolError::Overloaded,
+        other => ObolError::ComponentFailed(other.to_string()),
+    }
+}
+
+/// Builds the `CallToolResult`, enforcing the output cap and the output schema.
+fn render_output(
+    services: &Services,
+    route: &Route,
+    class: StatusClass,
+    output: wit::ToolOutput,
+) -> Result<Value, ObolError> {
+    let limit = services.runtime.limits().max_output_bytes;
+    let mut size = output.structured.as_ref().map_or(0, String::len);
+    let mut content = Vec::with_capacity(output.content.len());
+    for item in output.content {
+        let rendered = match item {
+            wit::Content::Text(text) => {
+                size += text.len();
+                json!({ "type": "text", "text": text })
+            }
+            wit::Content::Image(image) => {
+                size += image.data.len() * 4 / 3;
+                json!({ "type": "image", "mimeType": image.mime_type, "data": base64::engine::general_purpose::STANDARD.encode(&image.data) })
+            }
+        };
+        if size > limit {
+            return Err(ObolError::ComponentOutputTooLarge { limit });
+        }
+        content.push(rendered);
+    }
+    if size > limit {
+        return Err(ObolError::ComponentOutputTooLarge { limit });
+    }
+    let structured = match output.structured {
+        None => None,
+        Some(text) => Some(serde_json::from_str::<Value>(&text).map_err(|_| {
+            ObolError::ComponentFailed(
+                "the component returned structured output that is not JSON".into(),
+            )
+        })?),
+    };
+    // The output schema describes a successful result; a rejected call's error body is not
+    // expected to match it. A violation reveals nothing of the response.
+    if class == StatusClass::Accepted
+        && let Some(schema) = &route.tool().effect.output_schema
+    {
+        let conforms = structured
+            .as_ref()
+            .is_some_and(|value| schema.is_valid(value));
+        if !conforms {
+            tracing::warn!(tool = %route.name, "structured output violates the tool's output schema");
+            return Err(ObolError::OutputSchemaViolation);
+        }
+    }
+    let mut result = json!({
+        "content": content,
+        "isError": class != StatusClass::Accepted,
+    });
+    if let Some(structured) = structured {
+        result["structuredContent"] = structured;
+    }
+    Ok(result)
+}

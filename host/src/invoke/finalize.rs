@@ -1,0 +1,250 @@
+//! Finalize: the outcome, the receipt and the audit record in one acknowledged write; then
+//! respond. Nothing is exposed before the store acknowledged it (ADR-0007).
+//!
+//! When that write fails, the gateway keeps the outcome it could not record: it answers
+//! `not_ready` (same-key calls get `not_ready` too, the attempt is still reserved), and a
+//! task retries the write with bounded backoff, renewing the lease before each try. If the
+//! lease cannot be renewed or the tries run out, the dead-holder rule takes over when the
+//! lease ends (the slot is settled `unknown`). On shutdown it tries once more and logs the
+//! receipt id it could not record.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+use super::attempt::Withdrawal;
+use super::claim::Invocation;
+use super::receipt::{self, Ending};
+use super::render::Rendered;
+use super::{Answer, ClaimIdentity, Services};
+use crate::clock::now_ms;
+use crate::error::ObolError;
+use crate::store::{ClaimKey, ClaimRecord, Receipt, Store, StoredOutcome};
+
+/// The pauses between tries of a final write that failed: about 25 s in all, well inside
+/// the shortest lease (each try renews it first).
+const BACKOFF_MS: [u64; 9] = [100, 200, 400, 800, 1600, 3200, 5000, 5000, 8000];
+
+/// A call whose outcome is durable: the only kind answered with a result.
+#[derive(Debug)]
+pub struct Finalized {
+    identity: ClaimIdentity,
+    result: Result<Value, ObolError>,
+}
+
+impl Finalized {
+    pub fn respond(self) -> Answer {
+        Answer {
+            result: self.result,
+            identity: Some(self.identity),
+        }
+    }
+}
+
+impl Rendered {
+    /// The final write. Until it is acknowledged the call answers `not_ready` (the `Err`).
+    pub async fn finalize(self, services: &Services) -> Result<Finalized, Answer> {
+        let Rendered {
+            invocation,
+            withdrawal,
+            class,
+            vendor_status,
+            result,
+            observed,
+            note,
+        } = self;
+        let Invocation { plan, record } = invocation;
+        let holder = &plan.authorized.holder;
+        let verification = receipt::verification(holder.evidence, observed);
+        let attempts = match withdrawal {
+            Withdrawal::None => record.attempts,
+            Withdrawal::UnsentRetry => record.attempts.saturating_sub(1),
+        };
+        let result = result.map(|mut value| {
+            value["_meta"] = json!({ "obol": {
+                "idempotency_key": plan.claim_key.key.as_str(),
+                "receipt_id": record.receipt_id,
+                "verification": verification,
+                "outcome": class,
+                "vendor_status": vendor_status,
+                "attempt_count": attempts,
+                "replayed": false,
+            }});
+            value
+        });
+        let closing = Closing {
+            outcome: StoredOutcome {
+                class,
+                vendor_status,
+                response: match &result {
+                    Ok(value) => Ok(value.clone()),
+                    Err(error) => Err(error.to_jsonrpc_error()),
+                },
+            },
+            withdrawal,
+        };
+        let ending = Ending {
+            outcome: class,
+            vendor_status,
+            observed,
+            note,
+        };
+        let finished = closing.of(&record);
+        let receipt = receipt::build(&plan.claim_key, &finished, holder, ending);
+        let identity = ClaimIdentity {
+            key: plan.claim_key.key.clone(),
+            receipt_id: Some(record.receipt_id.clone()),
+        };
+        match services
+            .store
+            .finalize(&plan.claim_key, &record, &finished, &receipt)
+            .await
+        {
+            Ok(true) => Ok(Finalized { identity, result }),
+            // Lost the claim: a lease expired under us and someone settled it. Their record
+            // is the answer now.
+            Ok(false) => {
+                tracing::warn!(receipt = %record.receipt_id, "the claim moved on before its outcome was recorded");
+                Err(Answer::refused(ObolError::NotReady, Some(identity)))
+            }
+            Err(error) => {
+                tracing::warn!(receipt = %record.receipt_id, "could not record the outcome, retrying in the background: {error}");
+                services.unrecorded.keep(
+                    services.store.clone(),
+                    services.lease,
+                    Pending {
+                        key: plan.claim_key.clone(),
+                        record,
+                        closing,
+                        receipt,
+                    },
+                );
+                Err(Answer::refused(ObolError::NotReady, Some(identity)))
+            }
+        }
+    }
+}
+
+/// How the final record is made from the current one (again after each lease renewal).
+#[derive(Debug, Clone)]
+struct Closing {
+    outcome: StoredOutcome,
+    withdrawal: Withdrawal,
+}
+
+impl Closing {
+    fn of(&self, record: &ClaimRecord) -> ClaimRecord {
+        match self.withdrawal {
+            Withdrawal::None => record.finalize(self.outcome.clone()),
+            Withdrawal::UnsentRetry => record.finalize_withdrawing_unsent(self.outcome.clone()),
+        }
+    }
+}
+
+/// An outcome held in memory until its final write succeeds.
+#[derive(Debug)]
+struct Pending {
+    key: ClaimKey,
+    record: ClaimRecord,
+    closing: Closing,
+    receipt: Receipt,
+}
+
+/// The outcomes this gateway holds because their final write failed.
+#[derive(Debug)]
+pub struct Unrecorded {
+    count: Arc<AtomicUsize>,
+    stopping: watch::Sender<bool>,
+}
+
+impl Default for Unrecorded {
+    fn default() -> Unrecorded {
+        Unrecorded {
+            count: Arc::new(AtomicUsize::new(0)),
+            stopping: watch::channel(false).0,
+        }
+    }
+}
+
+impl Unrecorded {
+    fn keep(&self, store: Store, lease: Duration, pending: Pending) {
+        self.count.fetch_add(1, Ordering::SeqCst);
+        let count = Arc::clone(&self.count);
+        let stopping = self.stopping.subscribe();
+        tokio::spawn(async move {
+            record_later(&store, lease, pending, stopping).await;
+            count.fetch_sub(1, Ordering::SeqCst);
+        });
+    }
+
+    /// How many outcomes are waiting for their final write.
+    pub fn len(&self) -> usize {
+        self.count.load(Ordering::SeqCst)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// On shutdown: every waiting outcome gets one more try now; waits up to `grace` for them.
+    pub async fn drain(&self, grace: Duration) {
+        let _ = self.stopping.send(true);
+        let deadline = tokio::time::Instant::now() + grace;
+        while !self.is_empty() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+async fn record_later(
+    store: &Store,
+    lease: Duration,
+    mut pending: Pending,
+    mut stopping: watch::Receiver<bool>,
+) {
+    let id = pending.receipt.id.clone();
+    for pause in BACKOFF_MS {
+        let stopping_now = tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(pause)) => false,
+            _ = stopping.wait_for(|stop| *stop) => true,
+        };
+        // The lease is renewed first, so a same-key call keeps answering `not_ready` instead
+        // of settling a live outcome as unknown.
+        let renewed = pending.record.renew(now_ms() + lease.as_millis() as u64);
+        match store
+            .transition(&pending.key, &pending.record, &renewed)
+            .await
+        {
+            Ok(true) => pending.record = renewed,
+            Ok(false) => {
+                tracing::warn!(receipt = %id, "the claim moved on while its outcome waited to be recorded");
+                return;
+            }
+            Err(error) => {
+                tracing::warn!(receipt = %id, "could not renew the lease of an unrecorded outcome; it is settled as unknown when the lease ends: {error}");
+                return;
+            }
+        }
+        let finished = pending.closing.of(&pending.record);
+        pending.receipt.finalized_at_ms = now_ms();
+        match store
+            .finalize(&pending.key, &pending.record, &finished, &pending.receipt)
+            .await
+        {
+            Ok(true) => {
+                tracing::info!(receipt = %id, "recorded an outcome that had failed to record");
+                return;
+            }
+            Ok(false) => return,
+            Err(error) if stopping_now => {
+                tracing::error!(receipt = %id, "shutting down with an outcome that could not be recorded; it is settled as unknown when its lease ends: {error}");
+                return;
+            }
+            Err(error) => tracing::warn!(receipt = %id, "still cannot record an outcome: {error}"),
+        }
+    }
+    tracing::error!(receipt = %id, "gave up recording an outcome; it is settled as unknown when its lease ends");
+}

@@ -1,0 +1,66 @@
+//! Hold: the answer for a call whose slot waits for the workspace owner — its ticket (written
+//! again if it was lost, from the facts the claim recorded), or the end of the hold when the
+//! owner denied it or it expired.
+
+use super::Services;
+use super::settle;
+use crate::approvals::{ApprovalNotice, Ticket, TicketStatus};
+use crate::error::ObolError;
+use crate::store::{ClaimKey, ClaimRecord, Holder};
+
+/// Answers for a slot held under `record`. `caller` names the call only for records written
+/// before claims recorded their holder; `summary` is the caller's redacted arguments, which
+/// are the held call's (the request hash matched).
+pub async fn answer(
+    services: &Services,
+    key: &ClaimKey,
+    record: &ClaimRecord,
+    caller: &Holder,
+    summary: &[String],
+) -> ObolError {
+    let Some(held) = record.approval() else {
+        return ObolError::Internal;
+    };
+    let holder = record.holder.as_ref().unwrap_or(caller);
+    let stored = match services.store.ticket(&held.approval_id).await {
+        Ok(stored) => stored,
+        Err(error) => {
+            tracing::warn!(approval = %held.approval_id, "could not read a ticket: {error}");
+            return ObolError::StoreUnavailable;
+        }
+    };
+    let ticket = stored.unwrap_or_else(|| Ticket {
+        id: held.approval_id.clone(),
+        workspace: holder.workspace.clone(),
+        key_name: holder.key_name.clone(),
+        key_hash: holder.key_hash.clone(),
+        tool: holder.tool.clone(),
+        connection: holder.connection.clone(),
+        idempotency_key: holder.idempotency_key.clone(),
+        request_hash: record.pin.request_hash.clone(),
+        destination: record.pin.fingerprint.clone(),
+        summary: summary.to_vec(),
+        policy_publication: holder.publication,
+        policies: holder.policies.clone(),
+        created_at_ms: record.created_at_ms,
+        expires_at_ms: held.expires_at_ms,
+        status: TicketStatus::Pending,
+    });
+    // Written again while pending: a no-op for a complete ticket, and the repair of one whose
+    // write (or, on Redis, whose inbox entry) was lost.
+    if ticket.status == TicketStatus::Pending
+        && let Err(error) = services.store.put_ticket(&ticket).await
+    {
+        tracing::warn!(approval = %ticket.id, "could not write a ticket: {error}");
+        return ObolError::StoreUnavailable;
+    }
+    match settle::ticket_ended(&ticket) {
+        None => {
+            ObolError::ApprovalRequired(Box::new(ApprovalNotice::of(&ticket, &services.inbox_base)))
+        }
+        Some(why) => match settle::settle(&services.store, key, record, why, Some(holder)).await {
+            Ok(_) => why.error(),
+            Err(error) => error,
+        },
+    }
+}

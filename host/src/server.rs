@@ -1,0 +1,108 @@
+//! The server: opens the store, builds the [`Gateway`], starts its background tasks (hot
+//! reload, registry polling, the dead-holder sweeper) and serves every router until the
+//! process is stopped.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+
+use crate::config::{Config, StoreBackend, StoreConfig};
+use crate::gateway::Gateway;
+use crate::store::{EmbeddedStore, RedisStore, Store};
+use crate::{approvals, http, mcp};
+
+/// Opens the configured store: Redis when a URL is configured, the embedded file otherwise.
+pub async fn open_store(config: &StoreConfig) -> anyhow::Result<Store> {
+    Ok(match &config.backend {
+        StoreBackend::Embedded(path) => {
+            tracing::info!(path = %path.display(), "using the embedded store");
+            Store::Embedded(EmbeddedStore::open(path)?)
+        }
+        StoreBackend::Redis(url) => {
+            let store = RedisStore::connect(url).await?;
+            tracing::info!("using the Redis store");
+            Store::Redis(store)
+        }
+        #[cfg(feature = "test-util")]
+        StoreBackend::Volatile => {
+            tracing::warn!("using a volatile in-memory store: nothing survives a restart");
+            Store::Volatile(crate::store::VolatileStore::default())
+        }
+    })
+}
+
+/// Runs the gateway on `listener` until the process is stopped.
+pub async fn serve(config: Config, listener: TcpListener) -> anyhow::Result<()> {
+    let store = open_store(&config.store).await?;
+    let address: SocketAddr = listener.local_addr()?;
+    let gateway = Arc::new(tokio::task::block_in_place(|| {
+        Gateway::new(&config, store, address)
+    })?);
+    if let Some(interval) = config.reload_interval {
+        let watcher = Arc::clone(&gateway);
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(interval);
+            ticks.tick().await;
+            loop {
+                ticks.tick().await;
+                let gateway = Arc::clone(&watcher);
+                let _ = tokio::task::spawn_blocking(move || {
+                    if gateway.reload() {
+                        gateway.warm_views();
+                    }
+                })
+                .await;
+            }
+        });
+    }
+    // Keys and publications made through the admin API, before the first request. With a
+    // shared store, other gateways' changes arrive by polling.
+    gateway.refresh_registry().await?;
+    let warming = Arc::clone(&gateway);
+    tokio::task::spawn_blocking(move || warming.warm_views());
+    if matches!(gateway.services.store, Store::Redis(_)) {
+        let poller = Arc::clone(&gateway);
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(crate::admin::REGISTRY_POLL);
+            loop {
+                ticks.tick().await;
+                match poller.refresh_registry().await {
+                    Ok(()) => {
+                        let warming = Arc::clone(&poller);
+                        let _ = tokio::task::spawn_blocking(move || warming.warm_views()).await;
+                    }
+                    Err(error) => {
+                        tracing::warn!("could not read the key and policy registry: {error}")
+                    }
+                }
+            }
+        });
+    }
+    // Dead holders nobody asks about again are settled with a receipt (`invoke::sweeper`).
+    tokio::spawn(crate::invoke::sweeper::run(Arc::clone(&gateway.services)));
+    let app = mcp::router(Arc::clone(&gateway))
+        .merge(crate::admin::router(Arc::clone(&gateway)))
+        .merge(http::router(Arc::clone(&gateway)))
+        .merge(approvals::inbox::router(Arc::clone(&gateway)));
+    let catalog = gateway.catalog();
+    tracing::info!(
+        %address,
+        connectors = catalog.connectors.len(),
+        "obol is serving /mcp"
+    );
+    // Tests and scripts read this line to learn the port.
+    println!("obol listening on http://{address}/mcp");
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await?;
+    // Outcomes whose final write failed get one more try before the process ends.
+    gateway
+        .services
+        .unrecorded
+        .drain(std::time::Duration::from_secs(5))
+        .await;
+    Ok(())
+}

@@ -1,0 +1,495 @@
+//! The claim record and its state machine. Every transition is a method that returns the next
+//! record; [`ClaimRecord::next`] is the one place a version is incremented, and
+//! [`ClaimRecord::attempts`] is the one count of requests that may have reached the vendor.
+//!
+//! ```text
+//!            reserve_next                    release_unsent (nothing left)
+//! Claimed ─────────────────▶ Reserved ───────────────────────────────────▶ Claimed | AwaitingApproval
+//!    │ hold                   │  ▲ renew (same attempt, provably unsent)     (back where it was)
+//!    ▼                        │  └─ reserve_next (the one immediate retry)
+//! AwaitingApproval ─reserve_next (approved token)─▶ Reserved
+//!    │                        │
+//!    └─finalize (denied, expired)──▶ Finalized ◀──finalize──┘
+//!                                     │ reserve_next: only `unknown` with a vendor binding,
+//!                                     ▼ and, for a slot once held, only under its token
+//!                                   Reserved
+//! ```
+//!
+//! The store compares and sets whole records; these methods decide what a legal next record
+//! is, so no caller writes a state by hand.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::{ClaimKey, ConnectionSegment, EvidenceClass};
+use crate::approvals::ApprovalId;
+use crate::idempotency::{IdempotencyKey, RequestHash};
+
+/// The tool's idempotency propagation as a claim pins it. Stored in its text form
+/// (`none`, `unsupported`, `header:NAME`, `body_field:POINTER`), so records of every version
+/// compare alike.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum PinnedBinding {
+    None,
+    Unsupported,
+    Header(String),
+    BodyField(String),
+}
+
+impl PinnedBinding {
+    /// Whether the vendor deduplicates on the key it receives, so a resend under the same key
+    /// cannot become a second effect.
+    pub fn is_vendor_binding(&self) -> bool {
+        matches!(self, PinnedBinding::Header(_) | PinnedBinding::BodyField(_))
+    }
+}
+
+impl From<PinnedBinding> for String {
+    fn from(binding: PinnedBinding) -> String {
+        match binding {
+            PinnedBinding::None => "none".into(),
+            PinnedBinding::Unsupported => "unsupported".into(),
+            PinnedBinding::Header(name) => format!("header:{name}"),
+            PinnedBinding::BodyField(pointer) => format!("body_field:{pointer}"),
+        }
+    }
+}
+
+impl TryFrom<String> for PinnedBinding {
+    type Error = String;
+    fn try_from(text: String) -> Result<PinnedBinding, String> {
+        if let Some(name) = text.strip_prefix("header:") {
+            return Ok(PinnedBinding::Header(name.to_owned()));
+        }
+        if let Some(pointer) = text.strip_prefix("body_field:") {
+            return Ok(PinnedBinding::BodyField(pointer.to_owned()));
+        }
+        match text.as_str() {
+            "none" => Ok(PinnedBinding::None),
+            "unsupported" => Ok(PinnedBinding::Unsupported),
+            _ => Err(format!("unknown pinned binding {text:?}")),
+        }
+    }
+}
+
+/// What a claim pins when it is first acquired. A later call under the same key must match
+/// all of it, or it is an `idempotency_conflict`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pin {
+    /// sha256 of the canonical arguments.
+    pub request_hash: String,
+    pub binding: PinnedBinding,
+    /// Non-secret target facts: connection, connector version, method, origin, upstream tool.
+    pub fingerprint: String,
+}
+
+impl Pin {
+    pub fn new(request_hash: RequestHash, binding: PinnedBinding, fingerprint: String) -> Pin {
+        Pin {
+            request_hash: request_hash.to_string(),
+            binding,
+            fingerprint,
+        }
+    }
+}
+
+/// Whether the call that holds a slot needed a human's approval, as policy decided it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalBasis {
+    NotRequired,
+    Waived,
+    Required,
+}
+
+/// Who holds the slot and under what decision: the facts of the call that made the last
+/// reservation (or the hold). A settlement's receipt is built from these, never from whoever
+/// asks next, and a lost ticket is rebuilt from them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Holder {
+    pub workspace: String,
+    pub connection: String,
+    /// The namespaced tool name.
+    pub tool: String,
+    pub idempotency_key: String,
+    /// The `sha256:` form of the virtual key.
+    pub key_hash: String,
+    pub key_name: String,
+    pub publication: Option<u32>,
+    pub policies: Vec<String>,
+    pub approval: ApprovalBasis,
+    pub evidence: EvidenceClass,
+}
+
+impl Holder {
+    /// The slot this holder's claim lives in.
+    pub fn claim_key(&self) -> Option<ClaimKey> {
+        Some(ClaimKey {
+            workspace: self.workspace.clone(),
+            connection: ConnectionSegment::Resolved(self.connection.clone()),
+            tool: self.tool.clone(),
+            key: IdempotencyKey::parse(&self.idempotency_key).ok()?,
+        })
+    }
+}
+
+/// The approval a slot was held for. Kept after the hold ends: a slot once held is resent
+/// only under a valid token for this approval.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldFor {
+    pub approval_id: ApprovalId,
+    pub expires_at_ms: u64,
+}
+
+/// How a finished invocation ended, as the receipt and the retry rules see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutcomeClass {
+    Accepted,
+    DefinitelyRejected,
+    /// The vendor may or may not have acted. Never reported as success.
+    Unknown,
+}
+
+/// A finished invocation, stored so a same-key replay returns exactly what the first call
+/// returned.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StoredOutcome {
+    pub class: OutcomeClass,
+    pub vendor_status: Option<u16>,
+    /// The MCP result (`Ok`) or the JSON-RPC error object (`Err`) the first call answered.
+    pub response: Result<Value, Value>,
+}
+
+/// Where a claim is in its life.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum ClaimState {
+    /// Nothing is in flight; every attempt counted so far was settled. A released slot (its
+    /// last attempt provably never left) is `Claimed` with its lease ended.
+    Claimed,
+    /// Held for a human's decision: nothing is reserved or sent. Only a valid token for
+    /// `approval_id` moves it on; it outlives the ticket, so a late resume finds the slot.
+    AwaitingApproval {
+        approval_id: ApprovalId,
+        expires_at_ms: u64,
+    },
+    /// Attempt number [`ClaimRecord::attempts`] is durably reserved and may be on the wire
+    /// until the lease ends. `prior` is the outcome a redispatch replaces, restored if the
+    /// attempt provably never left. (Records written before 0.2 also name the attempt here;
+    /// it is ignored on read, the count is the record's.)
+    Reserved {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        prior: Option<Box<StoredOutcome>>,
+    },
+    Finalized {
+        outcome: StoredOutcome,
+    },
+}
+
+/// One claim, as stored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClaimRecord {
+    /// Incremented by every transition; the compare in compare-and-set.
+    pub version: u64,
+    pub pin: Pin,
+    pub state: ClaimState,
+    /// Attempts reserved and not released; equals the requests that may have reached the
+    /// vendor (ADR-0031).
+    pub attempts: u32,
+    /// Until when the holder's lease runs (ms since the epoch). A `Reserved` record past its
+    /// lease belongs to a holder that died.
+    pub lease_until_ms: u64,
+    pub receipt_id: String,
+    /// Whether the client supplied the key (else the gateway minted it).
+    pub key_supplied: bool,
+    pub created_at_ms: u64,
+    /// The facts of the call holding the slot. `None` on records written before 0.2.
+    #[serde(default)]
+    pub holder: Option<Holder>,
+    /// The approval this slot was held for, if it ever was.
+    #[serde(default)]
+    pub held_for: Option<HeldFor>,
+}
+
+/// What a fresh claim starts as.
+#[derive(Debug, Clone)]
+pub enum Opening {
+    /// Attempt 1 is reserved in the same write that claims the slot.
+    Reserved { lease_until_ms: u64 },
+    /// Held for approval: nothing reserved; the slot lives as long as the ticket.
+    Held(HeldFor),
+}
+
+impl ClaimRecord {
+    /// A record for a slot that does not exist yet.
+    pub fn open(
+        pin: Pin,
+        holder: Holder,
+        opening: Opening,
+        receipt_id: String,
+        key_supplied: bool,
+        now_ms: u64,
+    ) -> ClaimRecord {
+        let (state, attempts, lease_until_ms, held_for) = match opening {
+            Opening::Reserved { lease_until_ms } => (
+                ClaimState::Reserved { prior: None },
+                1,
+                lease_until_ms,
+                None,
+            ),
+            Opening::Held(held) => (
+                ClaimState::AwaitingApproval {
+                    approval_id: held.approval_id.clone(),
+                    expires_at_ms: held.expires_at_ms,
+                },
+                0,
+                held.expires_at_ms,
+                Some(held),
+            ),
+        };
+        ClaimRecord {
+            version: 1,
+            pin,
+            state,
+            attempts,
+            lease_until_ms,
+            receipt_id,
+            key_supplied,
+            created_at_ms: now_ms,
+            holder: Some(holder),
+            held_for,
+        }
+    }
+
+    /// The one place a version moves: every transition below goes through here.
+    fn next(&self, state: ClaimState) -> ClaimRecord {
+        let mut next = self.clone();
+        next.version += 1;
+        next.state = state;
+        next
+    }
+
+    /// Reserves one more attempt for `holder`; it may be on the wire until `lease_until_ms`.
+    pub fn reserve_next(&self, holder: Holder, lease_until_ms: u64) -> ClaimRecord {
+        let prior = match &self.state {
+            ClaimState::Finalized { outcome } => Some(Box::new(outcome.clone())),
+            ClaimState::Reserved { prior } => prior.clone(),
+            ClaimState::Claimed | ClaimState::AwaitingApproval { .. } => None,
+        };
+        let mut next = self.next(ClaimState::Reserved { prior });
+        next.attempts += 1;
+        next.lease_until_ms = lease_until_ms;
+        next.holder = Some(holder);
+        next
+    }
+
+    /// The reserved attempt provably never left: it is no longer counted, and the slot goes
+    /// back to where it was before the reservation — the outcome a redispatch would have
+    /// replaced, else its hold if it was ever held (only the token may move it on again), else
+    /// a free slot whose lease has ended.
+    pub fn release_unsent(&self, now_ms: u64) -> ClaimRecord {
+        let prior = match &self.state {
+            ClaimState::Reserved { prior } => prior.clone(),
+            _ => None,
+        };
+        let (state, lease_until_ms) = match (prior, &self.held_for) {
+            (Some(outcome), _) => (
+                ClaimState::Finalized { outcome: *outcome },
+                self.lease_until_ms,
+            ),
+            (None, Some(held)) => (
+                ClaimState::AwaitingApproval {
+                    approval_id: held.approval_id.clone(),
+                    expires_at_ms: held.expires_at_ms,
+                },
+                held.expires_at_ms,
+            ),
+            (None, None) => (ClaimState::Claimed, now_ms),
+        };
+        let mut next = self.next(state);
+        next.attempts = next.attempts.saturating_sub(1);
+        next.lease_until_ms = lease_until_ms;
+        next
+    }
+
+    /// The same attempt, reserved again with a fresh lease (the previous try provably never
+    /// left, so nothing more is counted).
+    pub fn renew(&self, lease_until_ms: u64) -> ClaimRecord {
+        let mut next = self.next(self.state.clone());
+        next.lease_until_ms = lease_until_ms;
+        next
+    }
+
+    /// Holds a free slot for `holder`'s approval.
+    pub fn hold(&self, holder: Holder, held: HeldFor) -> ClaimRecord {
+        let mut next = self.next(ClaimState::AwaitingApproval {
+            approval_id: held.approval_id.clone(),
+            expires_at_ms: held.expires_at_ms,
+        });
+        next.lease_until_ms = held.expires_at_ms;
+        next.holder = Some(holder);
+        next.held_for = Some(held);
+        next
+    }
+
+    /// Records how the invocation ended. The attempt count stays what was reserved.
+    pub fn finalize(&self, outcome: StoredOutcome) -> ClaimRecord {
+        self.next(ClaimState::Finalized { outcome })
+    }
+
+    /// Records how the invocation ended when its last reserved attempt (the immediate retry)
+    /// provably never left: the outcome is the earlier attempt's, and the unsent one is not
+    /// counted. One write, so the slot is never seen free in between.
+    pub fn finalize_withdrawing_unsent(&self, outcome: StoredOutcome) -> ClaimRecord {
+        let mut next = self.finalize(outcome);
+        next.attempts = next.attempts.saturating_sub(1);
+        next
+    }
+
+    /// The approval the slot is or was held for.
+    pub fn approval(&self) -> Option<HeldFor> {
+        match &self.state {
+            ClaimState::AwaitingApproval {
+                approval_id,
+                expires_at_ms,
+            } => Some(HeldFor {
+                approval_id: approval_id.clone(),
+                expires_at_ms: *expires_at_ms,
+            }),
+            _ => self.held_for.clone(),
+        }
+    }
+
+    /// When the reserved attempt's lease ends, if an attempt is reserved (what the stores
+    /// index for the sweeper).
+    pub fn reserved_lease(&self) -> Option<u64> {
+        matches!(self.state, ClaimState::Reserved { .. }).then_some(self.lease_until_ms)
+    }
+
+    /// Whether a holder that reserved an attempt is presumed dead: its lease ended with the
+    /// attempt still reserved.
+    pub fn holder_died(&self, now_ms: u64) -> bool {
+        matches!(self.state, ClaimState::Reserved { .. }) && self.lease_until_ms <= now_ms
+    }
+}
+
+/// What [`super::Store::claim`] found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Claim {
+    /// The record did not exist and is now ours, as given.
+    Acquired,
+    /// A record exists; the caller decides (replay, conflict, not ready, redispatch).
+    Existing(Box<ClaimRecord>),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Records written by 0.1 (no holder, the attempt named in the state) still read.
+    #[test]
+    fn records_of_the_previous_release_read() {
+        let old = r#"{"version":3,"pin":{"request_hash":"ab","binding":"header:idempotency-key","fingerprint":"f"},
+            "state":{"state":"reserved","attempt":2},"attempts":2,"lease_until_ms":10,"receipt_id":"rcp_1",
+            "key_supplied":true,"created_at_ms":1}"#;
+        let record: ClaimRecord = serde_json::from_str(old).unwrap();
+        assert_eq!(record.state, ClaimState::Reserved { prior: None });
+        assert_eq!(record.attempts, 2);
+        assert!(record.pin.binding.is_vendor_binding());
+        assert!(record.holder.is_none());
+        assert!(record.holder_died(10));
+        let held = r#"{"version":1,"pin":{"request_hash":"ab","binding":"none","fingerprint":"f"},
+            "state":{"state":"awaiting_approval","approval_id":"apr_00000000000000000000000000000001","expires_at_ms":99},
+            "attempts":0,"lease_until_ms":99,"receipt_id":"rcp_1","key_supplied":false,"created_at_ms":1}"#;
+        let record: ClaimRecord = serde_json::from_str(held).unwrap();
+        assert_eq!(record.approval().unwrap().expires_at_ms, 99);
+        assert_eq!(record.pin.binding, PinnedBinding::None);
+    }
+
+    fn holder() -> Holder {
+        Holder {
+            workspace: "w".into(),
+            connection: "c".into(),
+            tool: "a.b".into(),
+            idempotency_key: "idt_x".into(),
+            key_hash: "sha256:00".into(),
+            key_name: "k".into(),
+            publication: None,
+            policies: Vec::new(),
+            approval: ApprovalBasis::NotRequired,
+            evidence: EvidenceClass::GatewayObserved,
+        }
+    }
+
+    fn pin() -> Pin {
+        Pin {
+            request_hash: "h".into(),
+            binding: PinnedBinding::None,
+            fingerprint: "f".into(),
+        }
+    }
+
+    #[test]
+    fn attempts_count_what_may_have_left() {
+        let fresh = ClaimRecord::open(
+            pin(),
+            holder(),
+            Opening::Reserved { lease_until_ms: 5 },
+            "rcp".into(),
+            true,
+            0,
+        );
+        assert_eq!((fresh.version, fresh.attempts), (1, 1));
+        let retry = fresh.reserve_next(holder(), 9);
+        assert_eq!((retry.version, retry.attempts), (2, 2));
+        let released = retry.release_unsent(7);
+        assert_eq!((released.version, released.attempts), (3, 1));
+        assert_eq!(released.state, ClaimState::Claimed);
+        assert_eq!(released.lease_until_ms, 7);
+        let renewed = fresh.renew(20);
+        assert_eq!((renewed.attempts, renewed.lease_until_ms), (1, 20));
+    }
+
+    #[test]
+    fn a_held_slot_returns_to_its_hold_and_remembers_it() {
+        let held = HeldFor {
+            approval_id: ApprovalId::mint(),
+            expires_at_ms: 1000,
+        };
+        let fresh = ClaimRecord::open(
+            pin(),
+            holder(),
+            Opening::Held(held.clone()),
+            "rcp".into(),
+            false,
+            0,
+        );
+        assert_eq!(fresh.attempts, 0);
+        let resumed = fresh.reserve_next(holder(), 50);
+        assert_eq!(resumed.attempts, 1);
+        let back = resumed.release_unsent(10);
+        assert_eq!(back.attempts, 0);
+        assert_eq!(back.approval(), Some(held.clone()));
+        assert!(matches!(back.state, ClaimState::AwaitingApproval { .. }));
+        let done = resumed.finalize(StoredOutcome {
+            class: OutcomeClass::Unknown,
+            vendor_status: None,
+            response: Err(Value::Null),
+        });
+        assert_eq!(done.approval(), Some(held.clone()));
+        // A redispatch that never left restores the outcome it would have replaced.
+        let again = done.reserve_next(holder(), 70);
+        assert_eq!(again.attempts, 2);
+        let restored = again.release_unsent(80);
+        assert_eq!(restored.state, done.state);
+        assert_eq!(restored.attempts, 1);
+        let withdrawn = again.finalize_withdrawing_unsent(StoredOutcome {
+            class: OutcomeClass::Accepted,
+            vendor_status: Some(200),
+            response: Ok(Value::Null),
+        });
+        assert_eq!(withdrawn.attempts, 1);
+    }
+}
