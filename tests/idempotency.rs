@@ -439,11 +439,9 @@ async fn a_gateway_killed_mid_call_never_sends_twice() {
             let args = args.clone();
             async move { client.call("tracker.issues.create", args).await }
         });
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while !gateway.log().contains(&format!("failpoint {failpoint}")) {
-            assert!(tokio::time::Instant::now() < deadline, "{}", gateway.log());
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        gateway
+            .wait_for_log(&format!("failpoint {failpoint}"))
+            .await;
         let dir = gateway.kill();
         pending.abort();
         assert_eq!(

@@ -114,7 +114,7 @@ fn config(entry: Entry, vendor: &str, dir: &std::path::Path, path: Path) -> Gate
 }
 
 /// Every receipt of the gateway's workspace, as a key with the receipts scope reads them.
-async fn receipts(gateway: &GatewayProcess, token: &str) -> Vec<Value> {
+pub async fn receipts(gateway: &GatewayProcess, token: &str) -> Vec<Value> {
     let url = gateway.url.replace("/mcp", "/v1/receipts?limit=1000");
     let listed: Value = reqwest::Client::new()
         .get(url)
@@ -170,11 +170,7 @@ async fn run(entry: Entry, path: Path) -> (usize, u64) {
     };
     let gateway = if path == Path::HolderKilled {
         let pending = tokio::spawn(async move { client.call(REFUND, refund_args()).await });
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while !gateway.log().contains("failpoint hang-after-send") {
-            assert!(tokio::time::Instant::now() < deadline, "{}", gateway.log());
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        gateway.wait_for_log("failpoint hang-after-send").await;
         let dir = gateway.kill();
         pending.abort();
         let mut config = config;
@@ -384,11 +380,7 @@ async fn a_dead_holders_receipt_names_the_dead_call_not_the_next_caller() {
         let args = args.clone();
         async move { client.call("tracker.issues.create", args).await }
     });
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !gateway.log().contains("failpoint hang-after-send") {
-        assert!(tokio::time::Instant::now() < deadline, "{}", gateway.log());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    gateway.wait_for_log("failpoint hang-after-send").await;
     let dir = gateway.kill();
     pending.abort();
     config.env.clear();

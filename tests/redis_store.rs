@@ -147,35 +147,22 @@ async fn a_dead_holder_nobody_retries_is_settled_with_a_receipt() {
             .call("tracker.issues.create", json!({"title": "orphan"}))
             .await
     });
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !gateway.log().contains("failpoint hang-after-send") {
-        assert!(tokio::time::Instant::now() < deadline, "{}", gateway.log());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    gateway.wait_for_log("failpoint hang-after-send").await;
     drop(gateway.kill());
     pending.abort();
     let survivor = GatewayProcess::start(&config);
-    let url = survivor.url.replace("/mcp", "/v1/receipts?limit=100");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(12);
     let receipt = loop {
-        let listed: serde_json::Value = reqwest::Client::new()
-            .get(&url)
-            .bearer_auth(TOKEN)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        if let Some(found) = listed["receipts"].as_array().and_then(|all| {
-            all.iter()
-                .find(|r| r["tool"] == json!("tracker.issues.create"))
-        }) {
+        let listed = crate::lifecycle::receipts(&survivor, TOKEN).await;
+        if let Some(found) = listed
+            .iter()
+            .find(|r| r["tool"] == json!("tracker.issues.create"))
+        {
             break found.clone();
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "no receipt: {listed}"
+            "no receipt: {listed:?}"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };

@@ -159,7 +159,7 @@ async fn store_alone(redis: &Redis) {
                     lease_until_ms: now_ms() + 60_000,
                 },
                 format!("rcp_{}", key.key.as_str()),
-                false,
+                KeySource::Minted,
                 now_ms(),
             );
             assert_eq!(store.claim(&key, &record).await.unwrap(), Claim::Acquired);

@@ -29,11 +29,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::clock::now_ms;
-use crate::config::{KeyConfig, KeySpec, WorkspaceConfig};
+use crate::config::{KeySpec, WorkspaceConfig};
 use crate::error::ObolError;
 use crate::gateway::Gateway;
 use crate::http::store_unavailable;
-use crate::policy::{KeyHash, Publication};
+use crate::policy::{KeyHash, Publication, VirtualKey};
 use crate::store::{Registry, Store, StoreError};
 
 /// How often a gateway on a shared store re-reads the registry: the longest a revoked key
@@ -88,11 +88,11 @@ impl Records {
     }
 
     /// The API keys that are not revoked and still valid against the config's workspaces.
-    pub fn live_keys(&self, workspaces: &[WorkspaceConfig]) -> Vec<KeyConfig> {
+    pub fn live_keys(&self, workspaces: &[WorkspaceConfig]) -> Vec<VirtualKey> {
         self.keys
             .iter()
             .filter(|k| k.revoked_at_ms.is_none())
-            .filter_map(|k| match KeyConfig::from_spec(k.spec.clone(), workspaces) {
+            .filter_map(|k| match k.spec.clone().parse(workspaces) {
                 Ok(key) => Some(key),
                 Err(problem) => {
                     tracing::warn!(
@@ -174,7 +174,7 @@ async fn create_key(
     }
     let token = mint_token();
     spec.hash = KeyHash::of_token(&token).to_string();
-    let key = match KeyConfig::from_spec(spec.clone(), gateway.config_workspaces()) {
+    let key = match spec.clone().parse(gateway.config_workspaces()) {
         Ok(key) => key,
         Err(problem) => return invalid(problem),
     };

@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::policy::{Environment, KeyHash, PolicyPin, Publication, Scope, ToolFilter, ToolGlob};
+use crate::policy::{
+    Environment, KeyHash, PolicyPin, Publication, Scope, ToolFilter, ToolGlob, VirtualKey,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -42,7 +44,8 @@ pub struct Config {
     pub reload_interval: Option<Duration>,
     pub outbound: OutboundConfig,
     pub workspaces: Vec<WorkspaceConfig>,
-    pub keys: Vec<KeyConfig>,
+    /// The `[[keys]]`, parsed into the keys the gateway authenticates.
+    pub keys: Vec<VirtualKey>,
     /// Serve the bundled sandbox vendor on this address (the README's offline demo).
     pub sandbox: Option<SocketAddr>,
     pub store: StoreConfig,
@@ -203,18 +206,6 @@ impl BaseUrl {
     pub fn url(&self) -> &reqwest::Url {
         &self.url
     }
-}
-
-#[derive(Debug, Clone)]
-pub struct KeyConfig {
-    pub name: String,
-    pub hash: KeyHash,
-    pub workspace: String,
-    pub environment: Environment,
-    pub allowed_tools: Vec<ToolGlob>,
-    pub scopes: Vec<Scope>,
-    pub filter: Option<ToolFilter>,
-    pub policy: PolicyPin,
 }
 
 // --- The file format. Private: everything above is what the rest of the gateway sees. -------
@@ -413,64 +404,65 @@ pub struct KeySpec {
     pub policy: Option<String>,
 }
 
-impl KeyConfig {
-    /// Validates one key, from the config file or the admin API (one set of rules).
-    pub fn from_spec(key: KeySpec, workspaces: &[WorkspaceConfig]) -> Result<KeyConfig, String> {
-        let hash = KeyHash::parse(&key.hash).map_err(|e| format!("key {:?}: {e}", key.name))?;
-        if !workspaces.iter().any(|w| w.id == key.workspace) {
+impl KeySpec {
+    /// Parses one key, from the config file or the admin API (one set of rules), into the
+    /// key the gateway authenticates. `workspaces` are the config's: a key names one of them.
+    pub fn parse(self, workspaces: &[WorkspaceConfig]) -> Result<VirtualKey, String> {
+        let hash = KeyHash::parse(&self.hash).map_err(|e| format!("key {:?}: {e}", self.name))?;
+        if !workspaces.iter().any(|w| w.id == self.workspace) {
             return Err(format!(
                 "key {:?} names unknown workspace {:?}",
-                key.name, key.workspace
+                self.name, self.workspace
             ));
         }
-        match key.tools_mode.as_deref() {
+        match self.tools_mode.as_deref() {
             None | Some("full") => {}
             Some("progressive") => {
                 return Err(format!(
                     "key {:?}: tools_mode \"progressive\" is not available yet; use \"full\"",
-                    key.name
+                    self.name
                 ));
             }
             Some(other) => {
                 return Err(format!(
                     "key {:?}: unknown tools_mode {other:?} (expected \"full\")",
-                    key.name
+                    self.name
                 ));
             }
         }
-        let allowed_tools = key
+        let allowed_tools = self
             .allowed_tools
             .iter()
             .map(|g| ToolGlob::parse(g))
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| format!("key {:?}: {e}", key.name))?;
-        let key_environment =
-            Environment::parse(&key.environment).map_err(|e| format!("key {:?}: {e}", key.name))?;
-        let scopes = match &key.scopes {
+            .map_err(|e| format!("key {:?}: {e}", self.name))?;
+        let key_environment = Environment::parse(&self.environment)
+            .map_err(|e| format!("key {:?}: {e}", self.name))?;
+        let scopes = match &self.scopes {
             None => vec![Scope::Mcp],
             Some(names) => names
                 .iter()
                 .map(|n| Scope::parse(n))
                 .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| format!("key {:?}: {e}", key.name))?,
+                .map_err(|e| format!("key {:?}: {e}", self.name))?,
         };
-        let filter = key
+        let filter = self
             .filter
             .as_deref()
             .map(ToolFilter::compile)
             .transpose()
-            .map_err(|e| format!("key {:?}: {e}", key.name))?;
-        let policy = key
+            .map_err(|e| format!("key {:?}: {e}", self.name))?;
+        let policy = self
             .policy
             .as_deref()
             .map(PolicyPin::parse)
             .transpose()
-            .map_err(|e| format!("key {:?}: {e}", key.name))?
+            .map_err(|e| format!("key {:?}: {e}", self.name))?
             .unwrap_or(PolicyPin::Latest);
-        Ok(KeyConfig {
-            name: key.name,
+        Ok(VirtualKey {
+            name: self.name,
             hash,
-            workspace: key.workspace,
+            workspace: self.workspace,
             environment: key_environment,
             allowed_tools,
             scopes,
@@ -637,9 +629,9 @@ impl Config {
             });
         }
 
-        let mut keys: Vec<KeyConfig> = Vec::new();
+        let mut keys: Vec<VirtualKey> = Vec::new();
         for key in file.keys {
-            let key = KeyConfig::from_spec(key, &workspaces).map_err(invalid)?;
+            let key = key.parse(&workspaces).map_err(invalid)?;
             if keys
                 .iter()
                 .any(|k| k.hash == key.hash || k.name == key.name)

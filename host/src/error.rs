@@ -106,7 +106,7 @@ pub enum ObolError {
     // --- Approvals. -------------------------------------------------------------------------
     /// The one deliberate exception to existence hiding: the agent shows it to a human.
     #[error("this call needs a human's approval; nothing was sent")]
-    ApprovalRequired(Box<crate::approvals::ApprovalNotice>),
+    ApprovalRequired(Box<ApprovalNotice>),
     #[error("the approval expired; nothing was sent")]
     ApprovalExpired,
     #[error("the workspace owner denied this call; nothing was sent")]
@@ -137,6 +137,18 @@ pub enum ObolError {
     Conflict(&'static str),
     #[error("this key is defined in the config file; remove it there and restart")]
     DefinedInConfig,
+}
+
+/// What the agent gets with -32003 (`error.data.approval`): plain strings, so that the error
+/// owns its data and imports no domain module. The approvals module builds one from a
+/// ticket ([`ApprovalNotice::of`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ApprovalNotice {
+    pub approval_id: String,
+    pub tool: String,
+    /// RFC 3339, UTC.
+    pub expires_at: String,
+    pub inbox_url: String,
 }
 
 /// How an [`ObolError`] appears on the wire.
@@ -414,7 +426,7 @@ mod tests {
         E::NotReady => E::NotReady,
         E::StoreUnavailable => E::StoreUnavailable,
         E::Overloaded => E::Overloaded,
-        E::ApprovalRequired(_) => E::ApprovalRequired(Box::new(crate::approvals::ApprovalNotice {
+        E::ApprovalRequired(_) => E::ApprovalRequired(Box::new(ApprovalNotice {
             approval_id: String::new(),
             tool: String::new(),
             expires_at: String::new(),

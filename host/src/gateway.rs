@@ -7,9 +7,9 @@ use std::sync::{Arc, RwLock};
 
 use tokio::sync::broadcast;
 
-use crate::approvals::{self, ApprovalDesk};
+use crate::approvals::{ApprovalDesk, Owners};
 use crate::catalog::{Catalog, Loader};
-use crate::config::{Config, KeyConfig, WorkspaceConfig};
+use crate::config::{Config, WorkspaceConfig};
 use crate::error::ObolError;
 use crate::invoke::Services;
 use crate::mcp::{SessionId, Sessions};
@@ -36,7 +36,7 @@ pub struct Gateway {
     /// The config's workspaces, with the registry's publications added.
     workspaces: RwLock<Arc<Vec<WorkspaceConfig>>>,
     /// What the config file says, before the registry adds to it.
-    config_keys: Vec<KeyConfig>,
+    config_keys: Vec<VirtualKey>,
     config_workspaces: Vec<WorkspaceConfig>,
     /// The sha256 of the admin token; `None` disables the admin API.
     pub admin: Option<KeyHash>,
@@ -82,7 +82,7 @@ impl Gateway {
             .clone()
             .unwrap_or_else(|| format!("http://{address}"));
         Ok(Gateway {
-            keys: RwLock::new(Arc::new(KeyTable::new(&config.keys))),
+            keys: RwLock::new(Arc::new(KeyTable::new(config.keys.iter().cloned()))),
             sessions: Sessions::default(),
             services: Arc::new(Services {
                 runtime,
@@ -95,7 +95,7 @@ impl Gateway {
             }),
             approvals: ApprovalDesk {
                 keyring: Arc::clone(&config.approvals.keyring),
-                owners: approvals::inbox::Owners::new(
+                owners: Owners::new(
                     config
                         .workspaces
                         .iter()
@@ -178,7 +178,7 @@ impl Gateway {
     }
 
     /// The keys the config file defines (the admin API cannot revoke those).
-    pub fn config_keys(&self) -> &[KeyConfig] {
+    pub fn config_keys(&self) -> &[VirtualKey] {
         &self.config_keys
     }
 
@@ -196,9 +196,12 @@ impl Gateway {
     pub async fn refresh_registry(&self) -> Result<(), crate::store::StoreError> {
         let _rebuilding = self.rebuild.lock().await;
         let records = crate::admin::Records::read(&self.services.store).await?;
-        let mut keys = self.config_keys.clone();
-        keys.extend(records.live_keys(&self.config_workspaces));
-        *self.keys.write().expect("keys lock") = Arc::new(KeyTable::new(&keys));
+        let keys = self
+            .config_keys
+            .iter()
+            .cloned()
+            .chain(records.live_keys(&self.config_workspaces));
+        *self.keys.write().expect("keys lock") = Arc::new(KeyTable::new(keys));
 
         let mut workspaces = self.config_workspaces.clone();
         for workspace in &mut workspaces {

@@ -4,7 +4,7 @@
 //!
 //! - [`mcp`]: the `/mcp` Streamable HTTP transport, sessions, JSON-RPC dispatch.
 //! - [`policy`]: virtual keys and what each may list and call.
-//! - [`approvals`]: tickets, the owner's inbox and signed tokens for held destructive calls.
+//! - [`approvals`]: tickets, signed tokens and owner tokens for held destructive calls.
 //! - [`catalog`]: connectors, their validated manifests, `connector.tool` names, snapshots.
 //! - [`idempotency`]: idempotency keys, canonical request hashes, exact numbers.
 //! - [`invoke`]: the invocation lifecycle: one short driver of typed phases, a file per phase.
@@ -15,8 +15,9 @@
 //!
 //! Around them: [`config`] (the operator's file), [`gateway`] (shared state, hot reload),
 //! [`server`] (startup, background tasks, the HTTP server), [`admin`] (keys and publications
-//! managed at runtime), [`http`] (the REST routes: receipts, approvals), [`clock`] (the one
-//! clock) and [`sandbox`] (a local stand-in vendor for trying Obol offline).
+//! managed at runtime), [`http`] (the REST routes: receipts, approvals; the owner's inbox
+//! page), [`clock`] (the one clock) and [`sandbox`] (a local stand-in vendor for trying Obol
+//! offline).
 
 pub mod admin;
 pub mod approvals;

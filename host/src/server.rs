@@ -10,7 +10,7 @@ use tokio::net::TcpListener;
 use crate::config::{Config, StoreBackend, StoreConfig};
 use crate::gateway::Gateway;
 use crate::store::{EmbeddedStore, RedisStore, Store};
-use crate::{approvals, http, mcp};
+use crate::{http, mcp};
 
 /// Opens the configured store: Redis when a URL is configured, the embedded file otherwise.
 pub async fn open_store(config: &StoreConfig) -> anyhow::Result<Store> {
@@ -84,7 +84,7 @@ pub async fn serve(config: Config, listener: TcpListener) -> anyhow::Result<()> 
     let app = mcp::router(Arc::clone(&gateway))
         .merge(crate::admin::router(Arc::clone(&gateway)))
         .merge(http::router(Arc::clone(&gateway)))
-        .merge(approvals::inbox::router(Arc::clone(&gateway)));
+        .merge(http::inbox::router(Arc::clone(&gateway)));
     let catalog = gateway.catalog();
     tracing::info!(
         %address,

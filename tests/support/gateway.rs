@@ -284,6 +284,16 @@ impl GatewayProcess {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// Waits until the gateway has logged `needle` (e.g. that it reached a failpoint); panics
+    /// with the log after 10 s.
+    pub async fn wait_for_log(&self, needle: &str) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !self.log().contains(needle) {
+            assert!(tokio::time::Instant::now() < deadline, "{}", self.log());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     pub fn connectors_dir(&self) -> PathBuf {
         self.dir.path().join("connectors.d")
     }

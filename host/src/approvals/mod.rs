@@ -12,14 +12,22 @@
 //!
 //! The ticket carries the idempotency key, the request hash and the resolved destination the
 //! call was held under, so a token can only resume that call, in that slot.
+//!
+//! This module owns the artefacts: tickets, tokens, owner tokens, the redacted summary, and
+//! how a ticket becomes the -32003 notice. The pages and routes that show and hand them out
+//! are HTTP's ([`crate::http::inbox`], [`crate::http`]); the lifecycle holds and resumes
+//! ([`crate::invoke`]).
 
-pub mod inbox;
 pub mod token;
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+use crate::error::ApprovalNotice;
+use crate::policy::KeyHash;
 
 pub use token::{ApprovalGrant, Keyring, TokenError};
 
@@ -27,9 +35,31 @@ pub use token::{ApprovalGrant, Keyring, TokenError};
 #[derive(Debug)]
 pub struct ApprovalDesk {
     pub keyring: std::sync::Arc<Keyring>,
-    pub owners: inbox::Owners,
+    pub owners: Owners,
     /// The gateway's address as a browser reaches it.
     pub public_url: String,
+}
+
+/// Which workspace an owner token opens: the owner signs in to the inbox with it and reads
+/// every receipt of the workspace with it. Tokens are known by their hash only, like keys.
+#[derive(Debug, Default)]
+pub struct Owners {
+    by_hash: HashMap<KeyHash, String>,
+}
+
+impl Owners {
+    pub fn new(owners: impl IntoIterator<Item = (KeyHash, String)>) -> Owners {
+        Owners {
+            by_hash: owners.into_iter().collect(),
+        }
+    }
+
+    /// The workspace whose owner token this is.
+    pub fn workspace(&self, token: &str) -> Option<&str> {
+        self.by_hash
+            .get(&KeyHash::of_token(token))
+            .map(String::as_str)
+    }
 }
 
 /// How long a ticket (and a token issued for it) stays valid. The spec's ceiling.
@@ -124,19 +154,11 @@ pub enum Decided {
     Missing,
 }
 
-/// What the agent gets with -32003 (`error.data.approval`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ApprovalNotice {
-    pub approval_id: String,
-    pub tool: String,
-    /// RFC 3339, UTC.
-    pub expires_at: String,
-    pub inbox_url: String,
-}
-
 impl ApprovalNotice {
-    pub fn of(ticket: &Ticket, inbox_base: &str) -> ApprovalNotice {
-        ApprovalNotice {
+    /// The notice for a held call's ticket. (The struct is [`crate::error`]'s: it is part of
+    /// the -32003 error's data; this module knows how a ticket becomes one.)
+    pub fn of(ticket: &Ticket, inbox_base: &str) -> crate::error::ApprovalNotice {
+        crate::error::ApprovalNotice {
             approval_id: ticket.id.to_string(),
             tool: ticket.tool.clone(),
             expires_at: rfc3339(ticket.expires_at_ms),

@@ -1,5 +1,5 @@
-//! REST routes beside `/mcp`: receipts for the workspace that owns them, and approvals for
-//! the key that asked for them.
+//! HTTP routes beside `/mcp`: receipts for the workspace that owns them, approvals for the
+//! key that asked for them, and the owner's inbox page ([`inbox`]).
 //!
 //! `GET /v1/receipts?limit=N` (newest first) and `GET /v1/receipts/{id}`, authenticated with
 //! the workspace's owner token or a key of the workspace with the `receipts` scope
@@ -10,7 +10,10 @@
 //! decided, the signed token to resume it with. Only the key whose call was held sees it.
 //!
 //! Every refusal here, and in the admin API, is an [`ObolError`] rendered by
-//! [`ObolError::to_rest_response`]: the same envelope `/mcp` sends (`docs/errors.md`).
+//! [`ObolError::to_rest_response`]: the same envelope `/mcp` sends (`docs/errors.md`). The
+//! inbox answers a browser, so it renders HTML pages instead.
+
+pub mod inbox;
 
 use std::sync::Arc;
 

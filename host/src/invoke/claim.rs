@@ -9,7 +9,6 @@
 
 use super::authorize::Admission;
 use super::dispatch::Planned;
-use super::parse::KeyOrigin;
 use super::settle::{self, Settlement};
 use super::{Answer, ClaimIdentity, Services, hold, receipt};
 use crate::approvals::{self, ApprovalId, Decision};
@@ -101,7 +100,7 @@ impl Planned {
             self.authorized.holder.clone(),
             opening,
             receipt::new_id(),
-            self.authorized.routed.parsed.key_origin == KeyOrigin::Supplied,
+            self.authorized.routed.parsed.key_source,
             now,
         );
         match store.claim(&self.claim_key, &fresh).await {

@@ -4,8 +4,8 @@
 
 use super::Services;
 use super::settle;
-use crate::approvals::{ApprovalNotice, Ticket, TicketStatus};
-use crate::error::ObolError;
+use crate::approvals::{Ticket, TicketStatus};
+use crate::error::{ApprovalNotice, ObolError};
 use crate::store::{ClaimKey, ClaimRecord, Holder};
 
 /// Answers for a slot held under `record`. `caller` names the call only for records written

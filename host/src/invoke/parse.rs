@@ -7,13 +7,7 @@ use super::{Answer, CallRequest, ClaimIdentity};
 use crate::approvals::ApprovalGrant;
 use crate::error::ObolError;
 use crate::idempotency::IdempotencyKey;
-
-/// Whether the client named the key or the gateway minted it (receipts say which).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KeyOrigin {
-    Supplied,
-    Minted,
-}
+use crate::store::KeySource;
 
 /// A well-formed `tools/call`.
 #[derive(Debug)]
@@ -22,7 +16,8 @@ pub struct Parsed {
     pub arguments: Map<String, Value>,
     /// The key every answer names: the client's, else the approved call's, else a new one.
     pub idempotency_key: IdempotencyKey,
-    pub key_origin: KeyOrigin,
+    /// Whether the client named the key or the gateway minted it (receipts say which).
+    pub key_source: KeySource,
     pub grant: Option<ApprovalGrant>,
 }
 
@@ -48,9 +43,9 @@ pub fn parse(request: CallRequest) -> Result<Parsed, Answer> {
         idempotency_key,
         approval,
     } = request;
-    let key_origin = match &idempotency_key {
-        Some(_) => KeyOrigin::Supplied,
-        None => KeyOrigin::Minted,
+    let key_source = match &idempotency_key {
+        Some(_) => KeySource::Supplied,
+        None => KeySource::Minted,
     };
     let idempotency_key = idempotency_key
         .or_else(|| approval.as_ref().map(|g| g.idempotency_key.clone()))
@@ -82,7 +77,7 @@ pub fn parse(request: CallRequest) -> Result<Parsed, Answer> {
         name,
         arguments,
         idempotency_key,
-        key_origin,
+        key_source,
         grant: approval,
     })
 }

@@ -133,7 +133,11 @@ fn record_refusal(
                 match crate::policy::prefilter_refusal(key, route) {
                     Some(rule) => format!("hidden by the prefilter: {rule}"),
                     None => {
-                        let decided = catalog.policies.decide(key, route, false);
+                        let decided = catalog.policies.decide(
+                            key,
+                            route,
+                            crate::policy::ApprovalQuestion::NotAsked,
+                        );
                         let reason = match decided.publication {
                             Some(number) => format!("denied by Cedar publication {number}"),
                             None => {

@@ -190,6 +190,28 @@ pub enum ApprovalRule {
     Waived,
 }
 
+/// Whether a decision also asks Cedar if a policy waives the human's approval
+/// (`call_without_approval`). Asked for a destructive production tool, which waits for a
+/// human unless a policy waives it (ADR-0006).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApprovalQuestion {
+    /// The tool needs approval unless waived: ask, and answer `Required` or `Waived`.
+    Ask,
+    /// Nothing to waive: the verdict's rule is `NotRequired`.
+    NotAsked,
+}
+
+/// Which policies of a publication Cedar evaluates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Slicing {
+    /// Only those that can apply to the tool's connector and the action (the publication's
+    /// cached slice): the same decision, faster.
+    Sliced,
+    /// Every policy: what the property test checks the slices against (test builds only).
+    #[cfg(test)]
+    Unsliced,
+}
+
 impl Policies {
     pub fn add(&mut self, workspace: &str, publication: Arc<Publication>) {
         self.by_workspace
@@ -213,24 +235,24 @@ impl Policies {
 
     /// Both `list` and `call` must be allowed. A workspace without publications is governed
     /// by the prefilter alone; a key pinned to a publication that does not exist sees nothing.
-    /// `needs_approval` (a destructive production tool) additionally asks whether a policy
-    /// waives the approval; without publications nothing can.
-    pub fn decide(&self, key: &VirtualKey, route: &Route, needs_approval: bool) -> Verdict {
-        self.decide_with(key, route, needs_approval, true)
+    /// [`ApprovalQuestion::Ask`] (a destructive production tool) additionally asks whether a
+    /// policy waives the approval; without publications nothing can.
+    pub fn decide(&self, key: &VirtualKey, route: &Route, question: ApprovalQuestion) -> Verdict {
+        self.decide_with(key, route, question, Slicing::Sliced)
     }
 
-    /// `sliced: false` evaluates every policy; the property test checks both agree.
+    /// [`Policies::decide`], with the policies to evaluate chosen; the property test checks
+    /// that both [`Slicing`]s agree.
     pub(super) fn decide_with(
         &self,
         key: &VirtualKey,
         route: &Route,
-        needs_approval: bool,
-        sliced: bool,
+        question: ApprovalQuestion,
+        slicing: Slicing,
     ) -> Verdict {
-        let unwaived = if needs_approval {
-            ApprovalRule::Required
-        } else {
-            ApprovalRule::NotRequired
+        let unwaived = match question {
+            ApprovalQuestion::Ask => ApprovalRule::Required,
+            ApprovalQuestion::NotAsked => ApprovalRule::NotRequired,
         };
         let refused = |publication: Option<u32>| Verdict {
             publication,
@@ -251,10 +273,10 @@ impl Policies {
             return refused(Some(publication.number));
         };
         let evaluate = |index: usize, action: &EntityUid, policies: &mut Vec<String>| -> bool {
-            let slice = if sliced {
-                publication.slice(route.name.connector(), index, action)
-            } else {
-                Arc::new(publication.policies.clone())
+            let slice = match slicing {
+                Slicing::Sliced => publication.slice(route.name.connector(), index, action),
+                #[cfg(test)]
+                Slicing::Unsliced => Arc::new(publication.policies.clone()),
             };
             let Ok(request) = Request::new(
                 principal.clone(),
@@ -295,7 +317,7 @@ impl Policies {
         // Only a waiver that holds is worth naming in the receipt.
         let mut waivers = Vec::new();
         let approval = if allowed
-            && needs_approval
+            && question == ApprovalQuestion::Ask
             && evaluate(NAMES.actions.len(), &NAMES.waive, &mut waivers)
         {
             for waiver in waivers {

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 
 use super::{PolicyPin, ToolFilter, ToolGlob};
-use crate::config::KeyConfig;
 
 /// A deployment environment. A gateway serves one; a key and a tool belong to one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -108,8 +107,9 @@ impl fmt::Debug for KeyHash {
     }
 }
 
-/// An authenticated caller.
-#[derive(Debug)]
+/// An authenticated caller. `config` parses these from `[[keys]]` and from the admin API's
+/// key specs (`KeySpec::parse`).
+#[derive(Debug, Clone)]
 pub struct VirtualKey {
     pub name: String,
     pub hash: KeyHash,
@@ -135,22 +135,11 @@ pub struct KeyTable {
 }
 
 impl KeyTable {
-    pub fn new(keys: &[KeyConfig]) -> KeyTable {
+    /// A table of `keys`; of two keys with one hash, the later wins.
+    pub fn new(keys: impl IntoIterator<Item = VirtualKey>) -> KeyTable {
         let by_hash = keys
-            .iter()
-            .map(|k| {
-                let key = VirtualKey {
-                    name: k.name.clone(),
-                    hash: k.hash,
-                    workspace: k.workspace.clone(),
-                    environment: k.environment,
-                    allowed_tools: k.allowed_tools.clone(),
-                    scopes: k.scopes.clone(),
-                    filter: k.filter.clone(),
-                    policy: k.policy,
-                };
-                (k.hash, Arc::new(key))
-            })
+            .into_iter()
+            .map(|key| (key.hash, Arc::new(key)))
             .collect();
         KeyTable { by_hash }
     }

@@ -14,7 +14,7 @@ mod prefilter;
 #[cfg(test)]
 mod property;
 
-pub use cedar::{ApprovalRule, Policies, PolicyPin, Publication, Verdict};
+pub use cedar::{ApprovalQuestion, ApprovalRule, Policies, PolicyPin, Publication, Verdict};
 pub use filter::ToolFilter;
 pub use glob::ToolGlob;
 pub use keys::{Environment, KeyHash, KeyTable, Scope, VirtualKey};

@@ -1,6 +1,6 @@
 //! The prefilter: the first of the checks a tool must pass to be listed and called.
 
-use super::{Environment, Policies, Verdict, VirtualKey};
+use super::{ApprovalQuestion, Environment, Policies, Verdict, VirtualKey};
 use crate::catalog::Route;
 
 /// The full visibility decision: the prefilter, then Cedar under the key's publication.
@@ -10,9 +10,13 @@ pub fn decide(key: &VirtualKey, route: &Route, policies: &Policies) -> Option<Ve
         return None;
     }
     // A destructive production call waits for a human unless a policy waives it (ADR-0006).
-    let needs_approval =
-        route.tool().effect.destructive && route.connection.environment == Environment::Prod;
-    let verdict = policies.decide(key, route, needs_approval);
+    let question =
+        if route.tool().effect.destructive && route.connection.environment == Environment::Prod {
+            ApprovalQuestion::Ask
+        } else {
+            ApprovalQuestion::NotAsked
+        };
+    let verdict = policies.decide(key, route, question);
     verdict.allowed.then_some(verdict)
 }
 

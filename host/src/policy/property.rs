@@ -15,9 +15,10 @@ use std::sync::Arc;
 use crate::catalog::{Catalog, Connector, Manifest, ToolName};
 use crate::config::Config;
 use crate::policy::cases::{self, Case, Universe};
+use crate::policy::cedar::Slicing;
 use crate::policy::{
-    Environment, KeyHash, PolicyPin, Publication, Scope, ToolFilter, ToolGlob, Verdict, VirtualKey,
-    prefilter_refusal,
+    ApprovalQuestion, Environment, KeyHash, PolicyPin, Publication, Scope, ToolFilter, ToolGlob,
+    Verdict, VirtualKey, prefilter_refusal,
 };
 use crate::runtime::{Runtime, wit};
 
@@ -64,10 +65,19 @@ fn connectors(runtime: &Runtime) -> Vec<Arc<Connector>> {
         .collect()
 }
 
-fn catalog(connectors: &[Arc<Connector>], publication: &str, prod: bool) -> Catalog {
+/// The environment a case's gateway and key belong to.
+fn environment(case: &Case) -> Environment {
+    if case.prod {
+        Environment::Prod
+    } else {
+        Environment::Dev
+    }
+}
+
+fn catalog(connectors: &[Arc<Connector>], publication: &str, environment: Environment) -> Catalog {
     let mut toml = format!(
         "[server]\nenvironment = \"{}\"\n[[workspaces]]\nid = \"w\"\n",
-        if prod { "prod" } else { "dev" }
+        environment.as_str()
     );
     for name in CONNECTORS {
         toml.push_str(&format!(
@@ -86,11 +96,7 @@ fn key(case: &Case) -> VirtualKey {
         name: "k".into(),
         hash: KeyHash::of_token("k"),
         workspace: "w".into(),
-        environment: if case.prod {
-            Environment::Prod
-        } else {
-            Environment::Dev
-        },
+        environment: environment(case),
         allowed_tools: case
             .allowed_tools
             .iter()
@@ -114,11 +120,15 @@ fn callable(catalog: &Catalog, key: &VirtualKey, name: &str) -> Option<Verdict> 
     if prefilter_refusal(key, route).is_some() {
         return None;
     }
-    let needs_approval =
-        route.tool().effect.destructive && route.connection.environment == Environment::Prod;
+    let question =
+        if route.tool().effect.destructive && route.connection.environment == Environment::Prod {
+            ApprovalQuestion::Ask
+        } else {
+            ApprovalQuestion::NotAsked
+        };
     let verdict = catalog
         .policies
-        .decide_with(key, route, needs_approval, false);
+        .decide_with(key, route, question, Slicing::Unsliced);
     verdict.allowed.then_some(verdict)
 }
 
@@ -148,8 +158,8 @@ fn listing_and_calling_agree_over_a_thousand_generated_cases() {
         let key = key(&case);
         let publication = &case.publication;
         // Two snapshots of the same configuration: one lists, the other decides calls.
-        let listing_catalog = catalog(&connectors, publication, case.prod);
-        let calling_catalog = catalog(&connectors, publication, case.prod);
+        let listing_catalog = catalog(&connectors, publication, environment(&case));
+        let calling_catalog = catalog(&connectors, publication, environment(&case));
         let context = || format!("case {}\n{publication}key {case:?}", case.number);
 
         let listing: serde_json::Value =
@@ -186,14 +196,14 @@ fn listing_and_calling_agree_over_a_thousand_generated_cases() {
         // Slicing the publication by connector and action never changes a decision.
         for name in &names {
             let route = listing_catalog.route("w", name).unwrap();
-            for needs_approval in [false, true] {
+            for question in [ApprovalQuestion::NotAsked, ApprovalQuestion::Ask] {
                 assert_eq!(
                     listing_catalog
                         .policies
-                        .decide_with(&key, route, needs_approval, true),
+                        .decide_with(&key, route, question, Slicing::Sliced),
                     calling_catalog
                         .policies
-                        .decide_with(&key, route, needs_approval, false),
+                        .decide_with(&key, route, question, Slicing::Unsliced),
                     "{name} sliced vs unsliced\n{}",
                     context()
                 );

@@ -21,7 +21,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{ClaimKey, ConnectionSegment, EvidenceClass};
+use super::{ClaimKey, ConnectionSegment, EvidenceClass, KeySource};
 use crate::approvals::ApprovalId;
 use crate::idempotency::{IdempotencyKey, RequestHash};
 
@@ -229,7 +229,7 @@ impl ClaimRecord {
         holder: Holder,
         opening: Opening,
         receipt_id: String,
-        key_supplied: bool,
+        key_source: KeySource,
         now_ms: u64,
     ) -> ClaimRecord {
         let (state, attempts, lease_until_ms, held_for) = match opening {
@@ -256,7 +256,7 @@ impl ClaimRecord {
             attempts,
             lease_until_ms,
             receipt_id,
-            key_supplied,
+            key_supplied: key_source == KeySource::Supplied,
             created_at_ms: now_ms,
             holder: Some(holder),
             held_for,
@@ -438,7 +438,7 @@ mod tests {
             holder(),
             Opening::Reserved { lease_until_ms: 5 },
             "rcp".into(),
-            true,
+            KeySource::Supplied,
             0,
         );
         assert_eq!((fresh.version, fresh.attempts), (1, 1));
@@ -463,7 +463,7 @@ mod tests {
             holder(),
             Opening::Held(held.clone()),
             "rcp".into(),
-            false,
+            KeySource::Minted,
             0,
         );
         assert_eq!(fresh.attempts, 0);

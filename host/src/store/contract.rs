@@ -44,7 +44,7 @@ fn record_leased_until(lease_until_ms: u64) -> ClaimRecord {
         holder(),
         Opening::Reserved { lease_until_ms },
         format!("rcp_contract{}", now_ms()),
-        true,
+        KeySource::Supplied,
         now_ms(),
     )
 }

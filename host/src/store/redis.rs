@@ -132,18 +132,52 @@ impl RedisStore {
         let (claim, _, _) = claim_key(key);
         let json = serde_json::to_string(record).map_err(failed)?;
         let mut connection = self.connection.clone();
-        if let Some(until) = record.reserved_lease() {
-            self.index_lease(key, until).await?;
-        }
-        let (found, existing): (i64, Option<String>) = self
-            .claim
-            .key(claim)
-            .arg(json)
-            .arg(record.version)
-            .arg(RETENTION_SECONDS)
-            .invoke_async(&mut connection)
-            .await
-            .map(|reply: Vec<redis::Value>| decode_claim_reply(&reply))
+        let invoke = |connection: &mut ConnectionManager| {
+            let mut invocation = self.claim.key(&claim);
+            invocation
+                .arg(&json)
+                .arg(record.version)
+                .arg(RETENTION_SECONDS);
+            let mut connection = connection.clone();
+            async move {
+                invocation
+                    .invoke_async::<Vec<redis::Value>>(&mut connection)
+                    .await
+            }
+        };
+        let reply = match record.reserved_lease() {
+            // The lease index entry and the claim in one round trip: the entry first, so a
+            // claim is never reserved without one (a stale entry is dropped by the sweeper).
+            Some(until) => {
+                let piped = redis::pipe()
+                    .zadd(LEASES, key.slot(), until)
+                    .ignore()
+                    .cmd("EVALSHA")
+                    .arg(self.claim.get_hash())
+                    .arg(1)
+                    .arg(&claim)
+                    .arg(&json)
+                    .arg(record.version)
+                    .arg(RETENTION_SECONDS)
+                    .query_async::<(Vec<redis::Value>,)>(&mut connection)
+                    .await;
+                match piped {
+                    Ok((reply,)) => Ok(reply),
+                    // Not loaded yet (first use, or Redis restarted): the index entry is
+                    // written; the script is loaded and run by the ordinary invocation.
+                    Err(error)
+                        if error.kind()
+                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                    {
+                        invoke(&mut connection).await
+                    }
+                    Err(error) => Err(error),
+                }
+            }
+            None => invoke(&mut connection).await,
+        };
+        let (found, existing): (i64, Option<String>) = reply
+            .map(|reply| decode_claim_reply(&reply))
             .map_err(failed)??;
         self.syncs.fetch_add(1, Ordering::Relaxed);
         match (found, existing) {
@@ -190,21 +224,28 @@ impl RedisStore {
             .await
             .map_err(failed)?;
         self.syncs.fetch_add(1, Ordering::Relaxed);
-        if done == 1 && next.reserved_lease().is_none() {
-            let removed: Result<(), _> = connection.zrem(LEASES, key.slot()).await;
-            if let Err(error) = removed {
-                tracing::warn!(
-                    "a settled claim stays in the lease index until the sweeper drops it: {error}"
-                );
+        let settled_slot = (done == 1 && next.reserved_lease().is_none()).then(|| key.slot());
+        match (done == 1, receipt) {
+            // The outcome is already durable; the indexes only serve lookups by id, listings
+            // and the sweeper, so failing to write them must not turn a recorded outcome into
+            // an error.
+            (true, Some(receipt)) => {
+                if let Err(error) = self
+                    .index_receipt(receipt, &receipt_key, settled_slot.as_deref())
+                    .await
+                {
+                    tracing::warn!(receipt = %receipt.id, "receipt recorded but not indexed: {error}");
+                }
             }
-        }
-        if done == 1
-            && let Some(receipt) = receipt
-        {
-            // The outcome is already durable; the index only serves lookups by id and
-            // listings, so failing to write it must not turn a recorded outcome into an error.
-            if let Err(error) = self.index_receipt(receipt, &receipt_key).await {
-                tracing::warn!(receipt = %receipt.id, "receipt recorded but not indexed: {error}");
+            _ => {
+                if let Some(slot) = settled_slot {
+                    let removed: Result<(), _> = connection.zrem(LEASES, slot).await;
+                    if let Err(error) = removed {
+                        tracing::warn!(
+                            "a settled claim stays in the lease index until the sweeper drops it: {error}"
+                        );
+                    }
+                }
             }
         }
         Ok(done == 1)
@@ -248,16 +289,25 @@ impl RedisStore {
         Ok(out)
     }
 
-    /// Points `obol:receipt:{workspace}:{id}` at where the receipt lives and lists it.
-    async fn index_receipt(&self, receipt: &Receipt, location: &str) -> Result<(), StoreError> {
+    /// Points `obol:receipt:{workspace}:{id}` at where the receipt lives and lists it; drops
+    /// `settled`'s lease index entry in the same round trip.
+    async fn index_receipt(
+        &self,
+        receipt: &Receipt,
+        location: &str,
+        settled: Option<&str>,
+    ) -> Result<(), StoreError> {
         let mut connection = self.connection.clone();
         let index = format!("obol:receipts:{}", receipt.workspace);
         let pointer = format!("obol:receipt:{}:{}", receipt.workspace, receipt.id);
         let horizon = receipt
             .finalized_at_ms
             .saturating_sub(RETENTION_SECONDS * 1000);
-        redis::pipe()
-            .set_ex(&pointer, location, RETENTION_SECONDS)
+        let mut pipe = redis::pipe();
+        if let Some(slot) = settled {
+            pipe.zrem(LEASES, slot).ignore();
+        }
+        pipe.set_ex(&pointer, location, RETENTION_SECONDS)
             .ignore()
             .zadd(&index, &receipt.id, receipt.finalized_at_ms)
             .ignore()
@@ -292,7 +342,7 @@ impl RedisStore {
             .query_async::<()>(&mut connection)
             .await
             .map_err(failed)?;
-        self.index_receipt(receipt, &location).await
+        self.index_receipt(receipt, &location, None).await
     }
 
     pub async fn get(&self, key: &ClaimKey) -> Result<Option<ClaimRecord>, StoreError> {

@@ -1,15 +1,16 @@
 //! The owner's inbox: a small server-rendered page where the workspace owner approves or
-//! denies held calls.
+//! denies held calls. The page and its sessions live here, with the other HTTP routes; the
+//! tickets it shows and decides, and the owner tokens it admits
+//! ([`Owners`](crate::approvals::Owners)), are [`crate::approvals`]' artefacts.
 //!
 //! Authentication: the owner signs in once with the workspace's owner token (configured as a
 //! hash, like keys) and gets a session cookie (`HttpOnly`, `SameSite=Strict`, path `/inbox`).
 //! Every decision is a form POST that must carry the session's CSRF token and, when the
 //! browser sends one, an `Origin` equal to the page's own; a forged cross-site post has
 //! neither the cookie nor the token. Pages are served with a CSP that forbids scripts and
-//! framing. Sessions are sealed cookies ([`OwnerSession`]), so they work on every gateway that
+//! framing. Sessions are sealed cookies (`OwnerSession`), so they work on every gateway that
 //! shares the signing key and no owner credential is ever stored.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,11 +21,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
 
-use super::{ApprovalId, Decided, Decision, Keyring, Ticket, TicketStatus};
+use crate::approvals::{ApprovalId, Decided, Decision, Keyring, Ticket, TicketStatus};
 use crate::clock::now_ms;
 use crate::error::ObolError;
 use crate::gateway::Gateway;
-use crate::policy::KeyHash;
 use crate::store::StoreError;
 
 const COOKIE: &str = "obol_owner";
@@ -67,27 +67,6 @@ impl OwnerSession {
         let sealed = cookie(headers, COOKIE)?;
         let session: OwnerSession = keyring.open(SESSION_PREFIX, sealed).ok()?;
         (session.until_ms > now_ms()).then_some(session)
-    }
-}
-
-/// Which workspace an owner token opens.
-#[derive(Debug, Default)]
-pub struct Owners {
-    by_hash: HashMap<KeyHash, String>,
-}
-
-impl Owners {
-    pub fn new(owners: impl IntoIterator<Item = (KeyHash, String)>) -> Owners {
-        Owners {
-            by_hash: owners.into_iter().collect(),
-        }
-    }
-
-    /// The workspace whose owner token this is.
-    pub fn workspace(&self, token: &str) -> Option<&str> {
-        self.by_hash
-            .get(&KeyHash::of_token(token))
-            .map(String::as_str)
     }
 }
 
