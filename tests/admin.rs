@@ -289,3 +289,36 @@ async fn becomes(gateway: &GatewayProcess, token: &str, status: u16) -> bool {
     }
     false
 }
+
+/// Issue 9: a registry that loses a revocation (a failover that forgot the write) does not
+/// bring the key back on a gateway that had seen it revoked.
+#[tokio::test]
+async fn a_revocation_once_seen_is_never_unseen() {
+    let vendor = MockVendor::start().await;
+    let redis = RedisServer::start();
+    let mut config = admin_config(&vendor);
+    config.store = Some(format!("redis_url = {:?}", redis.url()));
+    let gateway = GatewayProcess::start(&config);
+    let (code, created) = create(&gateway, "doomed", "acme", "*", &[]);
+    assert_eq!(code, 0, "{created}");
+    let token = created["token"].as_str().unwrap().to_owned();
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut connection = client.get_connection().unwrap();
+    let before: String = redis::cmd("HGET")
+        .arg("obol:registry:keys")
+        .arg("doomed")
+        .query(&mut connection)
+        .unwrap();
+    obol(&gateway, &["keys", "revoke", "doomed"]);
+    assert!(becomes(&gateway, &token, 401).await);
+    // The store forgets the revocation: the unrevoked record is back.
+    let _: () = redis::cmd("HSET")
+        .arg("obol:registry:keys")
+        .arg("doomed")
+        .arg(&before)
+        .query(&mut connection)
+        .unwrap();
+    // Several registry polls later (every 2 s), the key is still refused.
+    tokio::time::sleep(Duration::from_millis(4500)).await;
+    assert_eq!(initialize_status(&gateway, &token).await, 401);
+}

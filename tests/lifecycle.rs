@@ -557,3 +557,66 @@ async fn numbers_a_double_cannot_carry_are_refused_not_collided() {
     );
     assert_eq!(vendor.seen().len(), 1);
 }
+
+/// Review of bug 5: a store that refuses the lease renewal may still take the final write;
+/// the kept outcome is tried while the lease runs instead of being given up at once.
+#[tokio::test]
+async fn a_failed_renewal_does_not_give_the_kept_outcome_up() {
+    let vendor = ScriptedVendor::start(vec![Step::answer(
+        201,
+        json!({"number": 8, "title": "New", "state": "open", "url": "u", "html_url": "u"}),
+    )])
+    .await;
+    let mut config = GatewayConfig::new(&vendor.base_url());
+    config.env = vec![(
+        "OBOL_FAILPOINTS".into(),
+        "store-finalize=1,store-transition=2".into(),
+    )];
+    let gateway = GatewayProcess::start(&config);
+    let client = McpClient::with_key(&gateway.url, TOKEN, &key("renewal")).await;
+    let args = json!({"title": "renewal"});
+    let (_, _, data) = client.call_err("tracker.issues.create", args.clone()).await;
+    assert_eq!(data.unwrap()["type"], json!("not_ready"));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let replay = loop {
+        match client.call("tracker.issues.create", args.clone()).await {
+            Ok(result) => break result,
+            Err(_) => {
+                assert!(tokio::time::Instant::now() < deadline, "{}", gateway.log());
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    assert_eq!(meta(&replay)["outcome"], json!("accepted"));
+    assert_eq!(vendor.received(), 1);
+}
+
+/// Issue 9: a vendor deduplicates on the key for a limited time (24 h by default). After it,
+/// an `unknown` call with a vendor binding replays as unknown instead of being resent.
+#[tokio::test]
+async fn an_unknown_past_the_vendors_window_is_not_resent() {
+    let vendor = ScriptedVendor::start(vec![Step::Answer {
+        status: 200,
+        body: json!({}),
+        delay: Duration::from_secs(3),
+    }])
+    .await;
+    let (mut config, dir) = leased(&vendor.base_url(), None);
+    let gateway = GatewayProcess::start_in(&config, dir);
+    let k = key("window");
+    let client = McpClient::with_key(&gateway.url, TOKEN, &k).await;
+    let (_, _, data) = client.call_err(REFUND, refund_args()).await;
+    assert_eq!(data.unwrap()["type"], json!("upstream_timeout"));
+    assert_eq!(vendor.received(), 1);
+    // A day and an hour later (the gateway's clock runs ahead), the same key replays.
+    let dir = gateway.kill();
+    config.env = vec![(
+        "OBOL_CLOCK_OFFSET_MS".into(),
+        (25 * 3_600_000u64).to_string(),
+    )];
+    let later = GatewayProcess::start_in(&config, dir);
+    let client = McpClient::with_key(&later.url, TOKEN, &k).await;
+    let (_, _, data) = client.call_err(REFUND, refund_args()).await;
+    assert_eq!(data.unwrap()["type"], json!("upstream_timeout"));
+    assert_eq!(vendor.received(), 1, "resent after the vendor's window");
+}

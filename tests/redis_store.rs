@@ -171,3 +171,39 @@ async fn a_dead_holder_nobody_retries_is_settled_with_a_receipt() {
     assert_eq!(receipt["key_source"], json!("minted"));
     assert_eq!(vendor.count("/repos/acme/app/issues"), 1);
 }
+
+/// Issue 9: a Redis that would lose acknowledged claims (no fsync per write, or evicting keys
+/// with a TTL, as every claim has) is refused at start, naming the setting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_could_lose_claims_is_refused_at_start() {
+    let redis = RedisServer::start();
+    let vendor = MockVendor::start().await;
+    let config = on_redis(&vendor, &redis);
+    let set = |setting: &str, value: &str| {
+        let client = redis::Client::open(redis.url()).unwrap();
+        let mut connection = client.get_connection().unwrap();
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(setting)
+            .arg(value)
+            .query(&mut connection)
+            .unwrap();
+    };
+    for (setting, unsafe_value, safe_value) in [
+        ("appendfsync", "everysec", "always"),
+        ("maxmemory-policy", "volatile-lru", "noeviction"),
+        ("appendonly", "no", "yes"),
+    ] {
+        set(setting, unsafe_value);
+        let said = tokio::task::block_in_place(|| config.refused());
+        assert!(
+            said.contains(setting) && said.contains(unsafe_value),
+            "{setting}: {said}"
+        );
+        set(setting, safe_value);
+    }
+    // Safe again: it serves.
+    let gateway = GatewayProcess::start(&config);
+    let client = McpClient::connect(&gateway.url, TOKEN).await;
+    assert!(!client.tool_names().await.is_empty());
+}

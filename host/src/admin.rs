@@ -57,6 +57,71 @@ pub struct StoredPublication {
     pub published_at_ms: u64,
 }
 
+/// What this gateway has seen of the registry, kept across refreshes: a revocation or a
+/// publication, once seen, is never un-seen because a later read lacks it (a store that lost
+/// writes in a failover must not bring a revoked key back or take a publication away).
+#[derive(Debug, Default)]
+pub struct Seen {
+    revoked: std::collections::HashSet<String>,
+    publications: std::collections::BTreeMap<(String, u32), Arc<Publication>>,
+}
+
+impl Seen {
+    /// Adds what `records` say; warns about what they no longer say.
+    pub fn remember(&mut self, records: &Records) {
+        let revoked_now: std::collections::HashSet<&str> = records
+            .keys
+            .iter()
+            .filter(|k| k.revoked_at_ms.is_some())
+            .map(|k| k.spec.hash.as_str())
+            .collect();
+        if self
+            .revoked
+            .iter()
+            .any(|hash| !revoked_now.contains(hash.as_str()))
+        {
+            tracing::error!(
+                "the registry lost a key revocation this gateway had seen; the key stays revoked"
+            );
+        }
+        self.revoked
+            .extend(revoked_now.into_iter().map(str::to_owned));
+        let mut listed = std::collections::HashSet::new();
+        for stored in &records.publications {
+            listed.insert((stored.workspace.clone(), stored.number));
+            if let Ok(publication) = Publication::parse(stored.number, &stored.policies) {
+                self.publications
+                    .entry((stored.workspace.clone(), stored.number))
+                    .or_insert_with(|| Arc::new(publication));
+            }
+        }
+        if self.publications.keys().any(|seen| !listed.contains(seen)) {
+            tracing::error!(
+                "the registry lost a policy publication this gateway had seen; it stays published"
+            );
+        }
+    }
+
+    /// The API keys that are not revoked (by the registry now, or as seen before) and still
+    /// valid against the config's workspaces.
+    pub fn live_keys(&self, records: &Records, workspaces: &[WorkspaceConfig]) -> Vec<VirtualKey> {
+        records
+            .live_keys(workspaces)
+            .into_iter()
+            .filter(|key| !self.revoked.contains(&key.hash.to_string()))
+            .collect()
+    }
+
+    /// Every API publication of `workspace` this gateway has seen.
+    pub fn publications(&self, workspace: &str) -> Vec<Arc<Publication>> {
+        self.publications
+            .iter()
+            .filter(|((seen_in, _), _)| seen_in == workspace)
+            .map(|(_, publication)| Arc::clone(publication))
+            .collect()
+    }
+}
+
 /// The registry, read whole.
 #[derive(Debug, Default)]
 pub struct Records {

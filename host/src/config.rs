@@ -147,7 +147,14 @@ pub struct ConnectionConfig {
     pub base_url: BaseUrl,
     pub settings: BTreeMap<String, String>,
     pub secret: Option<SecretRef>,
+    /// How long the vendor deduplicates on the idempotency key it receives (Stripe: 24 h).
+    /// After it, a same-key retry of an `unknown` call replays instead of resending: a resend
+    /// the vendor no longer recognises would be a second effect.
+    pub idempotency_window: Duration,
 }
+
+/// The vendor deduplication window assumed when a connection names none (Stripe's).
+pub const DEFAULT_IDEMPOTENCY_WINDOW: Duration = Duration::from_secs(24 * 3600);
 
 /// Where a connection's vendor credential lives. The value itself is read only by the
 /// outbound hop and never stored in the config.
@@ -370,6 +377,7 @@ struct ConnectionFile {
     #[serde(default)]
     settings: BTreeMap<String, String>,
     secret: Option<SecretFile>,
+    idempotency_window_hours: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -582,6 +590,16 @@ impl Config {
                     Some(name) => Environment::parse(name)
                         .map_err(|e| invalid(format!("connection {:?}: {e}", connection.id)))?,
                 };
+                let idempotency_window = match connection.idempotency_window_hours {
+                    None => DEFAULT_IDEMPOTENCY_WINDOW,
+                    Some(0) => {
+                        return Err(invalid(format!(
+                            "connection {:?}: idempotency_window_hours must be at least 1",
+                            connection.id
+                        )));
+                    }
+                    Some(hours) => Duration::from_secs(hours * 3600),
+                };
                 connections.push(ConnectionConfig {
                     id: connection.id,
                     connector: connection.connector,
@@ -589,6 +607,7 @@ impl Config {
                     base_url,
                     settings: connection.settings,
                     secret,
+                    idempotency_window,
                 });
             }
             let mut publications: Vec<Arc<Publication>> = Vec::new();

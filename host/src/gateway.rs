@@ -42,7 +42,8 @@ pub struct Gateway {
     pub admin: Option<KeyHash>,
     /// Serialises everything that rebuilds keys or the catalog (registry refreshes, reloads):
     /// each reads the newest state inside it, so an older read can never be swapped in last.
-    rebuild: tokio::sync::Mutex<()>,
+    /// It guards what the gateway has seen of the registry, which is never un-seen.
+    rebuild: tokio::sync::Mutex<crate::admin::Seen>,
     /// `Host` values the inbox and the admin API answer to: the public URL's authority and
     /// loopback on the bound port. Anything else (a DNS-rebinding page) is refused.
     hosts: Vec<String>,
@@ -91,7 +92,7 @@ impl Gateway {
                 lease: config.store.lease,
                 inbox_base: public_url.clone(),
                 refusals: Default::default(),
-                unrecorded: Default::default(),
+                owned: Default::default(),
             }),
             approvals: ApprovalDesk {
                 keyring: Arc::clone(&config.approvals.keyring),
@@ -109,7 +110,7 @@ impl Gateway {
             config_keys: config.keys.clone(),
             config_workspaces: config.workspaces.clone(),
             admin: config.admin,
-            rebuild: tokio::sync::Mutex::new(()),
+            rebuild: tokio::sync::Mutex::new(Default::default()),
             hosts: {
                 let port = address.port();
                 let mut hosts = vec![
@@ -194,20 +195,21 @@ impl Gateway {
     /// what changed: the key table always, the catalog when a publication was added (sessions
     /// then hear `tools/list_changed`, since what a key sees may have changed).
     pub async fn refresh_registry(&self) -> Result<(), crate::store::StoreError> {
-        let _rebuilding = self.rebuild.lock().await;
+        let mut seen = self.rebuild.lock().await;
         let records = crate::admin::Records::read(&self.services.store).await?;
+        seen.remember(&records);
         let keys = self
             .config_keys
             .iter()
             .cloned()
-            .chain(records.live_keys(&self.config_workspaces));
+            .chain(seen.live_keys(&records, &self.config_workspaces));
         *self.keys.write().expect("keys lock") = Arc::new(KeyTable::new(keys));
 
         let mut workspaces = self.config_workspaces.clone();
         for workspace in &mut workspaces {
             workspace
                 .publications
-                .extend(records.publications(&workspace.id));
+                .extend(seen.publications(&workspace.id));
         }
         let count = |w: &[WorkspaceConfig]| w.iter().map(|w| w.publications.len()).sum::<usize>();
         if count(&workspaces) != count(&self.workspaces()) {

@@ -94,15 +94,28 @@ pub async fn serve(config: Config, listener: TcpListener) -> anyhow::Result<()> 
     // Tests and scripts read this line to learn the port.
     println!("obol listening on http://{address}/mcp");
     axum::serve(listener, app)
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
+        .with_graceful_shutdown(stop_signal())
         .await?;
-    // Outcomes whose final write failed get one more try before the process ends.
-    gateway
-        .services
-        .unrecorded
-        .drain(std::time::Duration::from_secs(5))
-        .await;
+    // Calls whose clients hung up still run to their final write, and outcomes whose final
+    // write failed get one more try, before the process ends: at most one lease.
+    gateway.services.owned.drain(gateway.services.lease).await;
     Ok(())
+}
+
+/// Ctrl-C, or SIGTERM (what a container runtime or systemd sends).
+async fn stop_signal() {
+    let mut terminate =
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(terminate) => terminate,
+            Err(error) => {
+                tracing::warn!("cannot listen for SIGTERM ({error}); stopping on Ctrl-C only");
+                let _ = tokio::signal::ctrl_c().await;
+                return;
+            }
+        };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate.recv() => {}
+    }
+    tracing::info!("stopping: no new requests; waiting for calls in flight");
 }

@@ -88,6 +88,37 @@ impl GatewayConfig {
         }
     }
 
+    /// Runs `obol serve` on this config, which it must refuse: returns what it said on stderr
+    /// (panics if it starts serving or is still running after 15 s).
+    pub fn refused(&self) -> String {
+        let dir = tempfile::tempdir().unwrap();
+        let config_path = dir.path().join("obol.toml");
+        std::fs::write(&config_path, self.render(dir.path())).unwrap();
+        let log = dir.path().join("refused.log");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_obol"))
+            .arg("serve")
+            .arg("--config")
+            .arg(&config_path)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(15);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("the gateway did not refuse its config");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(!status.success(), "the gateway exited successfully");
+        std::fs::read_to_string(&log).unwrap_or_default()
+    }
+
     pub fn with_key(mut self, token: &str, workspace: &str, allowed: &[&str]) -> GatewayConfig {
         self.keys.push(Key::new(token, workspace, allowed));
         self

@@ -260,7 +260,26 @@ impl Unsent {
                 tracing::warn!(receipt = %record.receipt_id, "an unsent claim moved on before its release");
             }
             Err(error) => {
-                tracing::warn!(receipt = %record.receipt_id, "could not release an unsent claim; it is settled when its lease ends: {error}");
+                // Left reserved, the slot would be settled `unknown` with an attempt the
+                // vendor never received: the release is retried while the lease runs.
+                tracing::warn!(receipt = %record.receipt_id, "could not release an unsent claim, retrying: {error}");
+                let (store, key) = (services.store.clone(), plan.claim_key.clone());
+                let (record, released) = (record.clone(), released.clone());
+                services.owned.spawn(async move {
+                    for pause_ms in [100, 400, 1600] {
+                        tokio::time::sleep(std::time::Duration::from_millis(pause_ms)).await;
+                        if record.lease_until_ms <= now_ms() {
+                            break;
+                        }
+                        if let Ok(done) = store.transition(&key, &record, &released).await {
+                            if !done {
+                                tracing::warn!(receipt = %record.receipt_id, "an unsent claim moved on before its release");
+                            }
+                            return;
+                        }
+                    }
+                    tracing::error!(receipt = %record.receipt_id, "could not release an unsent claim; it is settled unknown when its lease ends");
+                });
             }
         }
         // A receipt exists only when an earlier attempt of the slot was recorded.

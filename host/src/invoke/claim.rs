@@ -175,8 +175,17 @@ impl Planned {
                                 && g.decision == Decision::Approved
                                 && g.expires_at_ms > now
                         }),
-                        None => self.authorized.admission == Admission::Proceed,
+                        // A record from before 0.2 does not say whether it was ever held:
+                        // it is never resent without a token.
+                        None => {
+                            self.authorized.admission == Admission::Proceed
+                                && existing.holder.is_some()
+                        }
                     };
+                // The vendor deduplicates only for so long: after its window, a resend it no
+                // longer recognises would be a second effect, so the unknown stands.
+                let window_ms = self.route().connection.idempotency_window.as_millis() as u64;
+                let may_resend = may_resend && now < existing.created_at_ms + window_ms;
                 if may_resend {
                     let next = existing.reserve_next(caller.clone(), self.lease_until(services));
                     return self.take(existing, next);
@@ -251,6 +260,23 @@ impl Planned {
                             .await
                             {
                                 Ok(_) => ObolError::ApprovalDenied,
+                                Err(error) => error,
+                            };
+                            self.answered(error, Some(&existing))
+                        }
+                        // The token was checked when the request arrived; the guest's prepare
+                        // ran since, so its expiry is checked again right before the slot moves.
+                        Decision::Approved if grant.expires_at_ms <= now => {
+                            let error = match settle::settle(
+                                &services.store,
+                                &self.claim_key,
+                                &existing,
+                                Settlement::Expired,
+                                Some(caller),
+                            )
+                            .await
+                            {
+                                Ok(_) => ObolError::ApprovalExpired,
                                 Err(error) => error,
                             };
                             self.answered(error, Some(&existing))

@@ -8,8 +8,6 @@
 //! lease ends (the slot is settled `unknown`). On shutdown it tries once more and logs the
 //! receipt id it could not record.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -24,8 +22,8 @@ use crate::clock::now_ms;
 use crate::error::ObolError;
 use crate::store::{ClaimKey, ClaimRecord, Receipt, Store, StoredOutcome};
 
-/// The pauses between tries of a final write that failed: about 25 s in all, well inside
-/// the shortest lease (each try renews it first).
+/// The pauses between tries of a final write that failed (about 25 s in all; each is cut
+/// to a quarter of the lease, and each try renews the lease first).
 const BACKOFF_MS: [u64; 9] = [100, 200, 400, 800, 1600, 3200, 5000, 5000, 8000];
 
 /// A call whose outcome is durable: the only kind answered with a result.
@@ -112,16 +110,17 @@ impl Rendered {
             }
             Err(error) => {
                 tracing::warn!(receipt = %record.receipt_id, "could not record the outcome, retrying in the background: {error}");
-                services.unrecorded.keep(
-                    services.store.clone(),
-                    services.lease,
-                    Pending {
-                        key: plan.claim_key.clone(),
-                        record,
-                        closing,
-                        receipt,
-                    },
-                );
+                let pending = Pending {
+                    key: plan.claim_key.clone(),
+                    record,
+                    closing,
+                    receipt,
+                };
+                let (store, lease) = (services.store.clone(), services.lease);
+                let stopping = services.owned.stopping();
+                services
+                    .owned
+                    .spawn(async move { record_later(&store, lease, pending, stopping).await });
                 Err(Answer::refused(ObolError::NotReady, Some(identity)))
             }
         }
@@ -153,52 +152,6 @@ struct Pending {
     receipt: Receipt,
 }
 
-/// The outcomes this gateway holds because their final write failed.
-#[derive(Debug)]
-pub struct Unrecorded {
-    count: Arc<AtomicUsize>,
-    stopping: watch::Sender<bool>,
-}
-
-impl Default for Unrecorded {
-    fn default() -> Unrecorded {
-        Unrecorded {
-            count: Arc::new(AtomicUsize::new(0)),
-            stopping: watch::channel(false).0,
-        }
-    }
-}
-
-impl Unrecorded {
-    fn keep(&self, store: Store, lease: Duration, pending: Pending) {
-        self.count.fetch_add(1, Ordering::SeqCst);
-        let count = Arc::clone(&self.count);
-        let stopping = self.stopping.subscribe();
-        tokio::spawn(async move {
-            record_later(&store, lease, pending, stopping).await;
-            count.fetch_sub(1, Ordering::SeqCst);
-        });
-    }
-
-    /// How many outcomes are waiting for their final write.
-    pub fn len(&self) -> usize {
-        self.count.load(Ordering::SeqCst)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// On shutdown: every waiting outcome gets one more try now; waits up to `grace` for them.
-    pub async fn drain(&self, grace: Duration) {
-        let _ = self.stopping.send(true);
-        let deadline = tokio::time::Instant::now() + grace;
-        while !self.is_empty() && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-}
-
 async fn record_later(
     store: &Store,
     lease: Duration,
@@ -206,13 +159,17 @@ async fn record_later(
     mut stopping: watch::Receiver<bool>,
 ) {
     let id = pending.receipt.id.clone();
-    for pause in BACKOFF_MS {
+    // No pause is longer than a quarter of the lease, so a renewal always lands before the
+    // lease it renews has ended.
+    let cap = (lease.as_millis() as u64 / 4).max(1);
+    for pause in BACKOFF_MS.map(|pause| pause.min(cap)) {
         let stopping_now = tokio::select! {
             _ = tokio::time::sleep(Duration::from_millis(pause)) => false,
             _ = stopping.wait_for(|stop| *stop) => true,
         };
         // The lease is renewed first, so a same-key call keeps answering `not_ready` instead
-        // of settling a live outcome as unknown.
+        // of settling a live outcome as unknown. A store that refuses the renewal may still
+        // take the final write while the current lease runs: both are tried until it ends.
         let renewed = pending.record.renew(now_ms() + lease.as_millis() as u64);
         match store
             .transition(&pending.key, &pending.record, &renewed)
@@ -224,9 +181,12 @@ async fn record_later(
                 return;
             }
             Err(error) => {
-                tracing::warn!(receipt = %id, "could not renew the lease of an unrecorded outcome; it is settled as unknown when the lease ends: {error}");
-                return;
+                tracing::warn!(receipt = %id, "could not renew the lease of an unrecorded outcome: {error}")
             }
+        }
+        if pending.record.lease_until_ms <= now_ms() {
+            tracing::error!(receipt = %id, "the lease of an unrecorded outcome ended; it is settled as unknown");
+            return;
         }
         let finished = pending.closing.of(&pending.record);
         pending.receipt.finalized_at_ms = now_ms();

@@ -30,6 +30,7 @@ mod claim;
 pub mod dispatch;
 mod finalize;
 mod hold;
+mod owned;
 mod parse;
 mod receipt;
 mod render;
@@ -67,8 +68,9 @@ pub struct Services {
     pub inbox_base: String,
     /// How many refusal receipts each key has left this minute.
     pub refusals: RefusalBudget,
-    /// Outcomes held in memory because their final write failed (ADR-0007).
-    pub unrecorded: finalize::Unrecorded,
+    /// Work no client can cancel: invocations from their claim on, and outcomes kept because
+    /// their final write failed (ADR-0007). Shutdown waits for it.
+    pub owned: owned::Owned,
 }
 
 /// A `tools/call` as the client sent it: the params object and the parsed headers.
@@ -136,11 +138,14 @@ async fn lifecycle(
     // From the claim on, the call runs in a task the gateway owns: a client that hangs up
     // cannot leave a claim written and its attempt unsent, nor an outcome unrecorded.
     let identity = planned.identity();
-    let services = Arc::clone(services);
-    tokio::spawn(async move { from_the_claim(&services, planned).await })
+    let task = Arc::clone(services);
+    services
+        .owned
+        .spawn(async move { from_the_claim(&task, planned).await })
         .await
-        .unwrap_or_else(|panicked| {
-            tracing::error!("an invocation task failed: {panicked}");
+        .unwrap_or_else(|failed| {
+            // The panic's message may carry values from the call: only its task is named.
+            tracing::error!(task = %failed.id(), "an invocation task panicked");
             Err(Answer::refused(ObolError::Internal, Some(identity)))
         })
 }

@@ -4,8 +4,9 @@
 //! dead holder; without the sweeper its slot would stay reserved (embedded) or expire
 //! silently (Redis), and an effect that may have happened would have no receipt. The stores
 //! index every reserved attempt's lease; this task reads the expired ones and settles them
-//! through the one settle phase, exactly as a same-key caller would. Several gateways
-//! sweeping one Redis race harmlessly: settling is a compare-and-set.
+//! through the one settle phase, exactly as a same-key caller would (a record written before
+//! claims named their holder is settled with what its slot names). Several gateways sweeping
+//! one Redis race harmlessly: settling is a compare-and-set.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,6 +14,7 @@ use std::time::Duration;
 use super::Services;
 use super::settle::{self, Settlement};
 use crate::clock::now_ms;
+use crate::store::{ApprovalBasis, ClaimKey, ConnectionSegment, EvidenceClass, Holder};
 
 /// How often the lease index is read.
 pub const INTERVAL: Duration = Duration::from_secs(1);
@@ -40,18 +42,45 @@ pub async fn sweep(services: &Services) -> usize {
         }
     };
     let mut settled = 0;
-    for record in expired {
-        // Records written before claims named their holder are settled by the next same-key
-        // call instead, which can supply the facts.
-        let Some(key) = record.holder.as_ref().and_then(|holder| holder.claim_key()) else {
+    for (slot, record) in expired {
+        let Some(key) = ClaimKey::from_slot(&slot) else {
+            tracing::error!("the sweeper skips a lease whose slot does not parse");
             continue;
         };
-        if settle::settle(&services.store, &key, &record, Settlement::DeadHolder, None)
-            .await
-            .is_ok()
+        // Records written before claims named their holder are settled with what the slot
+        // itself says.
+        let fallback = unrecorded_holder(&key);
+        if settle::settle(
+            &services.store,
+            &key,
+            &record,
+            Settlement::DeadHolder,
+            Some(&fallback),
+        )
+        .await
+        .is_ok()
         {
             settled += 1;
         }
     }
     settled
+}
+
+/// The facts of a call whose claim predates holder records: only what its slot names.
+fn unrecorded_holder(key: &ClaimKey) -> Holder {
+    Holder {
+        workspace: key.workspace.clone(),
+        connection: match &key.connection {
+            ConnectionSegment::Resolved(id) => id.clone(),
+            ConnectionSegment::Capability => "cap".into(),
+        },
+        tool: key.tool.clone(),
+        idempotency_key: key.key.to_string(),
+        key_hash: String::new(),
+        key_name: "(not recorded before 0.2)".into(),
+        publication: None,
+        policies: Vec::new(),
+        approval: ApprovalBasis::NotRequired,
+        evidence: EvidenceClass::GatewayObserved,
+    }
 }

@@ -21,9 +21,9 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{ClaimKey, ConnectionSegment, EvidenceClass, KeySource};
+use super::{EvidenceClass, KeySource};
 use crate::approvals::ApprovalId;
-use crate::idempotency::{IdempotencyKey, RequestHash};
+use crate::idempotency::RequestHash;
 
 /// The tool's idempotency propagation as a claim pins it. Stored in its text form
 /// (`none`, `unsupported`, `header:NAME`, `body_field:POINTER`), so records of every version
@@ -120,18 +120,6 @@ pub struct Holder {
     pub policies: Vec<String>,
     pub approval: ApprovalBasis,
     pub evidence: EvidenceClass,
-}
-
-impl Holder {
-    /// The slot this holder's claim lives in.
-    pub fn claim_key(&self) -> Option<ClaimKey> {
-        Some(ClaimKey {
-            workspace: self.workspace.clone(),
-            connection: ConnectionSegment::Resolved(self.connection.clone()),
-            tool: self.tool.clone(),
-            key: IdempotencyKey::parse(&self.idempotency_key).ok()?,
-        })
-    }
 }
 
 /// The approval a slot was held for. Kept after the hold ends: a slot once held is resent

@@ -124,10 +124,15 @@ async fn expired_leases_are_found_until_settled(store: &Store) {
     store.claim(&dead_key, &dead).await.unwrap();
     store.claim(&live_key, &live).await.unwrap();
     let found = store.expired_leases(now_ms(), 10_000).await.unwrap();
-    assert!(found.contains(&dead), "{found:?}");
-    assert!(!found.iter().any(|r| r.receipt_id == live.receipt_id
-        && r.version == live.version
-        && r.lease_until_ms == live.lease_until_ms));
+    assert!(
+        found.contains(&(dead_key.slot(), dead.clone())),
+        "{found:?}"
+    );
+    assert!(!found.iter().any(|(slot, _)| *slot == live_key.slot()));
+    assert_eq!(
+        ClaimKey::from_slot(&dead_key.slot()),
+        Some(dead_key.clone())
+    );
     let settled = dead.finalize(StoredOutcome {
         class: OutcomeClass::Unknown,
         vendor_status: None,
@@ -142,7 +147,7 @@ async fn expired_leases_are_found_until_settled(store: &Store) {
     );
     let found = store.expired_leases(now_ms(), 10_000).await.unwrap();
     assert!(
-        !found.contains(&dead) && !found.contains(&settled),
+        !found.iter().any(|(slot, _)| *slot == dead_key.slot()),
         "{found:?}"
     );
 }
@@ -272,9 +277,15 @@ async fn transitions_compare_and_set(store: &Store) {
     assert!(store.transition(&k, &r, &next).await.unwrap());
     // The same expectation again is stale: exactly one of two racers wins.
     assert!(!store.transition(&k, &r, &next).await.unwrap());
-    assert_eq!(store.get(&k).await.unwrap(), Some(next));
-    // No record, no transition.
-    assert!(!store.transition(&key(99), &r, &r).await.unwrap());
+    assert_eq!(store.get(&k).await.unwrap(), Some(next.clone()));
+    // No record is not a lost race: it is an error (a fresh claim would send again).
+    assert!(store.transition(&key(99), &r, &next).await.is_err());
+    // A transition that does not step the version by one is refused, whatever is stored.
+    let current = store.get(&k).await.unwrap().unwrap();
+    let mut skipping = current.renew(now_ms());
+    skipping.version += 1;
+    assert!(store.transition(&k, &current, &skipping).await.is_err());
+    assert_eq!(store.get(&k).await.unwrap(), Some(current));
 }
 
 async fn finalize_stores_the_receipt(store: &Store) {
@@ -310,7 +321,12 @@ async fn finalize_stores_the_receipt(store: &Store) {
     // A stale finalize writes no receipt.
     let mut stale = receipt.clone();
     stale.id = format!("{}x", receipt.id);
-    assert!(!store.finalize(&k, &r, &r, &stale).await.unwrap());
+    let stale_next = r.finalize(StoredOutcome {
+        class: OutcomeClass::Accepted,
+        vendor_status: Some(200),
+        response: Ok(serde_json::json!({})),
+    });
+    assert!(!store.finalize(&k, &r, &stale_next, &stale).await.unwrap());
     assert_eq!(store.receipt("acme", &stale.id).await.unwrap(), None);
 }
 

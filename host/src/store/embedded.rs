@@ -61,6 +61,7 @@ enum Op {
     Transition {
         slot: String,
         expected_version: u64,
+        next_version: u64,
         next: Vec<u8>,
         lease: Option<u64>,
         receipt: Option<Box<Receipt>>,
@@ -109,6 +110,7 @@ impl EmbeddedStore {
         txn.open_table(TICKET_INDEX).map_err(failed)?;
         txn.open_table(REGISTRY).map_err(failed)?;
         txn.open_table(LEASES).map_err(failed)?;
+        backfill_leases(&txn)?;
         txn.commit().map_err(failed)?;
         let db = Arc::new(db);
         let syncs = Arc::new(AtomicU64::new(0));
@@ -143,10 +145,12 @@ impl EmbeddedStore {
         receipt: Option<&Receipt>,
     ) -> Result<bool, StoreError> {
         let lease = next.reserved_lease();
+        let next_version = next.version;
         let next = serde_json::to_vec(next).map_err(failed)?;
         self.ask(|reply| Op::Transition {
             slot: key.slot(),
             expected_version: expected.version,
+            next_version,
             next,
             lease,
             receipt: receipt.cloned().map(Box::new),
@@ -269,7 +273,7 @@ impl EmbeddedStore {
         &self,
         now_ms: u64,
         limit: usize,
-    ) -> Result<Vec<ClaimRecord>, StoreError> {
+    ) -> Result<Vec<(String, ClaimRecord)>, StoreError> {
         let txn = self.inner.db.begin_read().map_err(failed)?;
         let leases = txn.open_table(LEASES).map_err(failed)?;
         let claims = txn.open_table(CLAIMS).map_err(failed)?;
@@ -280,7 +284,13 @@ impl EmbeddedStore {
                 continue;
             }
             if let Some(bytes) = claims.get(slot.value()).map_err(failed)? {
-                out.push(serde_json::from_slice(bytes.value()).map_err(failed)?);
+                match serde_json::from_slice(bytes.value()) {
+                    Ok(record) => out.push((slot.value().to_owned(), record)),
+                    // One unreadable record must not stop the sweep of every other.
+                    Err(error) => {
+                        tracing::error!("the sweeper skips a claim that does not decode: {error}")
+                    }
+                }
             }
             if out.len() >= limit {
                 break;
@@ -362,6 +372,34 @@ fn newest<T: serde::de::DeserializeOwned>(
     Ok(out)
 }
 
+/// Files written before the lease index existed: every reserved claim gets its entry, once
+/// (a registry marker says it was done), so the sweeper finds their dead holders too.
+fn backfill_leases(txn: &redb::WriteTransaction) -> Result<(), StoreError> {
+    const MARKER: &str = "meta\0lease-index";
+    let mut registry = txn.open_table(REGISTRY).map_err(failed)?;
+    if registry.get(MARKER).map_err(failed)?.is_some() {
+        return Ok(());
+    }
+    let claims = txn.open_table(CLAIMS).map_err(failed)?;
+    let mut leases = txn.open_table(LEASES).map_err(failed)?;
+    for entry in claims.iter().map_err(failed)? {
+        let (slot, bytes) = entry.map_err(failed)?;
+        if let Ok(record) = serde_json::from_slice::<ClaimRecord>(bytes.value())
+            && let Some(until) = record.reserved_lease()
+        {
+            leases.insert(slot.value(), until).map_err(failed)?;
+        }
+    }
+    registry.insert(MARKER, "done").map_err(failed)?;
+    Ok(())
+}
+
+/// A stored claim that does not decode fails its own operation, never the batch.
+fn undecodable(slot: &str, error: serde_json::Error) -> StoreError {
+    tracing::error!(slot = %slot.chars().take(64).collect::<String>(), "a stored claim does not decode: {error}");
+    failed(format!("a stored claim does not decode: {error}"))
+}
+
 /// One JSON record by key, inside a write transaction.
 fn json_in<T: serde::de::DeserializeOwned>(
     table: &redb::Table<&str, &[u8]>,
@@ -428,49 +466,46 @@ fn write_loop(db: &Database, queue: &mpsc::Receiver<Op>, syncs: &AtomicU64) {
         match results {
             Ok(results) => {
                 for (op, result) in batch.into_iter().zip(results) {
-                    match (op, result) {
-                        (Op::Claim { reply, .. }, Applied::Claim(claim)) => {
-                            let _ = reply.send(Ok(*claim));
-                        }
-                        (Op::Transition { reply, .. }, Applied::Transition(done)) => {
-                            let _ = reply.send(Ok(done));
-                        }
-                        (Op::PutTicket { reply, .. }, Applied::PutTicket) => {
-                            let _ = reply.send(Ok(()));
-                        }
-                        (Op::DecideTicket { reply, .. }, Applied::DecideTicket(decided)) => {
-                            let _ = reply.send(Ok(decided));
-                        }
-                        (Op::Registry { reply, .. }, Applied::Transition(done))
-                        | (Op::Refusal { reply, .. }, Applied::Transition(done)) => {
-                            let _ = reply.send(Ok(done));
-                        }
-                        _ => unreachable!("results follow the batch's order"),
-                    }
+                    answer(op, result);
                 }
             }
             // The commit failed: nothing in the batch is durable, so nobody may act on it.
             Err(error) => {
                 for op in batch {
-                    match op {
-                        Op::Claim { reply, .. } => {
-                            let _ = reply.send(Err(error.clone()));
-                        }
-                        Op::Transition { reply, .. } => {
-                            let _ = reply.send(Err(error.clone()));
-                        }
-                        Op::PutTicket { reply, .. } => {
-                            let _ = reply.send(Err(error.clone()));
-                        }
-                        Op::DecideTicket { reply, .. } => {
-                            let _ = reply.send(Err(error.clone()));
-                        }
-                        Op::Registry { reply, .. } | Op::Refusal { reply, .. } => {
-                            let _ = reply.send(Err(error.clone()));
-                        }
-                    }
+                    answer(op, Err(error.clone()));
                 }
             }
+        }
+    }
+}
+
+/// Sends one operation's result to its caller.
+fn answer(op: Op, result: Result<Applied, StoreError>) {
+    let mismatch = || failed("an operation got another kind's result");
+    match op {
+        Op::Claim { reply, .. } => {
+            let _ = reply.send(result.and_then(|applied| match applied {
+                Applied::Claim(claim) => Ok(*claim),
+                _ => Err(mismatch()),
+            }));
+        }
+        Op::Transition { reply, .. } | Op::Refusal { reply, .. } | Op::Registry { reply, .. } => {
+            let _ = reply.send(result.and_then(|applied| match applied {
+                Applied::Transition(done) => Ok(done),
+                _ => Err(mismatch()),
+            }));
+        }
+        Op::PutTicket { reply, .. } => {
+            let _ = reply.send(result.and_then(|applied| match applied {
+                Applied::PutTicket => Ok(()),
+                _ => Err(mismatch()),
+            }));
+        }
+        Op::DecideTicket { reply, .. } => {
+            let _ = reply.send(result.and_then(|applied| match applied {
+                Applied::DecideTicket(decided) => Ok(decided),
+                _ => Err(mismatch()),
+            }));
         }
     }
 }
@@ -482,7 +517,10 @@ enum Applied {
     DecideTicket(Decided),
 }
 
-fn apply(db: &Database, batch: &[Op]) -> Result<Vec<Applied>, StoreError> {
+/// Applies the batch in one transaction. An operation the store refuses (a record that does
+/// not decode, a version that does not step by one, a claim that is gone) fails alone; only a
+/// storage error fails the batch.
+fn apply(db: &Database, batch: &[Op]) -> Result<Vec<Result<Applied, StoreError>>, StoreError> {
     let txn = db.begin_write().map_err(failed)?;
     let mut results = Vec::with_capacity(batch.len());
     {
@@ -511,9 +549,10 @@ fn apply(db: &Database, batch: &[Op]) -> Result<Vec<Applied>, StoreError> {
                         .map_err(failed)?
                         .map(|bytes| serde_json::from_slice::<ClaimRecord>(bytes.value()));
                     match existing {
-                        Some(record) => results.push(Applied::Claim(Box::new(Claim::Existing(
-                            Box::new(record.map_err(failed)?),
+                        Some(Ok(record)) => results.push(Ok(Applied::Claim(Box::new(
+                            Claim::Existing(Box::new(record)),
                         )))),
+                        Some(Err(error)) => results.push(Err(undecodable(slot, error))),
                         None => {
                             claims
                                 .insert(slot.as_str(), record.as_slice())
@@ -521,20 +560,39 @@ fn apply(db: &Database, batch: &[Op]) -> Result<Vec<Applied>, StoreError> {
                             if let Some(until) = lease {
                                 leases.insert(slot.as_str(), *until).map_err(failed)?;
                             }
-                            results.push(Applied::Claim(Box::new(Claim::Acquired)));
+                            results.push(Ok(Applied::Claim(Box::new(Claim::Acquired))));
                         }
                     }
                 }
                 Op::Transition {
                     slot,
                     expected_version,
+                    next_version,
                     next,
                     lease,
                     receipt,
                     ..
                 } => {
-                    let current: Option<ClaimRecord> = json_in(&claims, slot)?;
-                    let matches = current.is_some_and(|c| c.version == *expected_version);
+                    let current = claims
+                        .get(slot.as_str())
+                        .map_err(failed)?
+                        .map(|bytes| serde_json::from_slice::<ClaimRecord>(bytes.value()));
+                    let current = match current {
+                        None => {
+                            results.push(Err(super::gone(slot)));
+                            continue;
+                        }
+                        Some(Err(error)) => {
+                            results.push(Err(undecodable(slot, error)));
+                            continue;
+                        }
+                        Some(Ok(current)) => current,
+                    };
+                    if *next_version != expected_version + 1 {
+                        results.push(Err(super::version_step(*expected_version, *next_version)));
+                        continue;
+                    }
+                    let matches = current.version == *expected_version;
                     if matches {
                         claims
                             .insert(slot.as_str(), next.as_slice())
@@ -554,7 +612,7 @@ fn apply(db: &Database, batch: &[Op]) -> Result<Vec<Applied>, StoreError> {
                             )?;
                         }
                     }
-                    results.push(Applied::Transition(matches));
+                    results.push(Ok(Applied::Transition(matches)));
                 }
                 Op::Refusal { receipt, .. } => {
                     write_receipt(
@@ -564,7 +622,7 @@ fn apply(db: &Database, batch: &[Op]) -> Result<Vec<Applied>, StoreError> {
                         &mut next_audit,
                         receipt,
                     )?;
-                    results.push(Applied::Transition(true));
+                    results.push(Ok(Applied::Transition(true)));
                 }
                 Op::PutTicket { ticket, .. } => {
                     if tickets.get(ticket.id.as_str()).map_err(failed)?.is_none() {
@@ -578,7 +636,7 @@ fn apply(db: &Database, batch: &[Op]) -> Result<Vec<Applied>, StoreError> {
                         );
                         ticket_index.insert(order.as_str(), ()).map_err(failed)?;
                     }
-                    results.push(Applied::PutTicket);
+                    results.push(Ok(Applied::PutTicket));
                 }
                 Op::DecideTicket {
                     id,
@@ -586,22 +644,24 @@ fn apply(db: &Database, batch: &[Op]) -> Result<Vec<Applied>, StoreError> {
                     at_ms,
                     ..
                 } => {
-                    let current: Option<Ticket> = json_in(&tickets, id.as_str())?;
+                    let current: Result<Option<Ticket>, StoreError> =
+                        json_in(&tickets, id.as_str());
                     let outcome = match current {
-                        None => Decided::Missing,
-                        Some(ticket) if ticket.status != TicketStatus::Pending => {
-                            Decided::Already(Box::new(ticket))
+                        Err(error) => Err(error),
+                        Ok(None) => Ok(Decided::Missing),
+                        Ok(Some(ticket)) if ticket.status != TicketStatus::Pending => {
+                            Ok(Decided::Already(Box::new(ticket)))
                         }
-                        Some(ticket) => {
+                        Ok(Some(ticket)) => {
                             let next = super::decided(ticket, *decision, *at_ms);
                             let bytes = serde_json::to_vec(&next).map_err(failed)?;
                             tickets
                                 .insert(id.as_str(), bytes.as_slice())
                                 .map_err(failed)?;
-                            Decided::Now(Box::new(next))
+                            Ok(Decided::Now(Box::new(next)))
                         }
                     };
-                    results.push(Applied::DecideTicket(outcome));
+                    results.push(outcome.map(Applied::DecideTicket));
                 }
                 Op::Registry {
                     key, value, mode, ..
@@ -613,11 +673,73 @@ fn apply(db: &Database, batch: &[Op]) -> Result<Vec<Applied>, StoreError> {
                             .insert(key.as_str(), value.as_str())
                             .map_err(failed)?;
                     }
-                    results.push(Applied::Transition(write));
+                    results.push(Ok(Applied::Transition(write)));
                 }
             }
         }
     }
     txn.commit().map_err(failed)?;
     Ok(results)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::idempotency::IdempotencyKey;
+    use crate::store::ConnectionSegment;
+
+    fn key(tag: &str) -> ClaimKey {
+        ClaimKey {
+            workspace: "acme".into(),
+            connection: ConnectionSegment::Resolved("c".into()),
+            tool: "t.x".into(),
+            key: IdempotencyKey::parse(&format!("idt_embedded_test_{tag}")).unwrap(),
+        }
+    }
+
+    /// One stored record that does not decode fails the operations on it, and only those:
+    /// claims and finalizes of other slots in the same group commit go through.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_record_that_does_not_decode_fails_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(&dir.path().join("s.redb")).unwrap();
+        let broken = key("broken0001");
+        {
+            let txn = store.inner.db.begin_write().unwrap();
+            txn.open_table(CLAIMS)
+                .unwrap()
+                .insert(broken.slot().as_str(), b"{not json".as_slice())
+                .unwrap();
+            txn.commit().unwrap();
+        }
+        let record: ClaimRecord = serde_json::from_value(serde_json::json!({
+            "version": 1, "pin": {"request_hash": "h", "binding": "none", "fingerprint": "f"},
+            "state": {"state": "claimed"}, "attempts": 0, "lease_until_ms": 0,
+            "receipt_id": "rcp_e", "key_supplied": true, "created_at_ms": 0
+        }))
+        .unwrap();
+        let next = record.renew(1);
+        let healthy: Vec<ClaimKey> = (0..20).map(|n| key(&format!("healthy{n:04}"))).collect();
+        let (broken_claim, broken_transition, healthy_claims) = tokio::join!(
+            store.claim(&broken, &record),
+            store.transition(&broken, &record, &next, None),
+            futures_join(healthy.iter().map(|k| store.claim(k, &record)))
+        );
+        assert!(broken_claim.is_err());
+        assert!(broken_transition.is_err());
+        for claimed in healthy_claims {
+            assert_eq!(claimed.unwrap(), Claim::Acquired);
+        }
+    }
+
+    async fn futures_join<F: std::future::Future>(
+        futures: impl Iterator<Item = F>,
+    ) -> Vec<F::Output> {
+        let handles: Vec<_> = futures.collect();
+        let mut out = Vec::new();
+        for f in handles {
+            out.push(f.await);
+        }
+        out
+    }
 }

@@ -68,6 +68,32 @@ impl ClaimKey {
         }
         slot
     }
+
+    /// The key a storage key was made from ([`ClaimKey::slot`] read back).
+    pub fn from_slot(slot: &str) -> Option<ClaimKey> {
+        let mut rest = slot;
+        let mut parts = Vec::with_capacity(4);
+        for _ in 0..4 {
+            let (length, tail) = rest.split_once(':')?;
+            let length: usize = length.parse().ok()?;
+            let part = tail.get(..length)?;
+            parts.push(part);
+            rest = &tail[length..];
+        }
+        if !rest.is_empty() {
+            return None;
+        }
+        let connection = match parts[1] {
+            "cap" => ConnectionSegment::Capability,
+            resolved => ConnectionSegment::Resolved(resolved.strip_prefix('c')?.to_owned()),
+        };
+        Some(ClaimKey {
+            workspace: parts[0].to_owned(),
+            connection,
+            tool: parts[2].to_owned(),
+            key: IdempotencyKey::parse(parts[3]).ok()?,
+        })
+    }
 }
 
 /// A receipt: what one invocation did, for the workspace owner. No secrets, no arguments.
@@ -197,6 +223,11 @@ impl Store {
         expected: &ClaimRecord,
         next: &ClaimRecord,
     ) -> Result<bool, StoreError> {
+        // Failure tests make transitions fail (a lease renewal, a release), as an outage would.
+        #[cfg(feature = "test-util")]
+        if crate::failpoint::active("store-transition") {
+            return Err(StoreError("failpoint store-transition".into()));
+        }
         match self {
             Store::Embedded(s) => s.transition(key, expected, next, None).await,
             Store::Redis(s) => s.transition(key, expected, next, None).await,
@@ -243,7 +274,7 @@ impl Store {
         &self,
         now_ms: u64,
         limit: usize,
-    ) -> Result<Vec<ClaimRecord>, StoreError> {
+    ) -> Result<Vec<(String, ClaimRecord)>, StoreError> {
         match self {
             Store::Embedded(s) => s.expired_leases(now_ms, limit).await,
             Store::Redis(s) => s.expired_leases(now_ms, limit).await,
@@ -406,6 +437,31 @@ impl Store {
             Store::Volatile(_) => 0,
         }
     }
+}
+
+/// A transition found no record where a claim was: it was evicted, expired, or lost in a
+/// failover. That is never a lost race (a fresh claim would send the call again): it is an
+/// alarm, and the call fails closed.
+pub(crate) fn gone(slot: &str) -> StoreError {
+    tracing::error!(
+        slot = %slot.chars().take(96).collect::<String>(),
+        "a claim record is gone (evicted, expired or lost in a failover); failing the call closed"
+    );
+    StoreError("a claim record is gone; check the store's eviction and persistence".into())
+}
+
+/// A transition must move the version by exactly one: anything else is a bug in the caller,
+/// refused by every backend.
+pub(crate) fn version_step(expected: u64, next: u64) -> StoreError {
+    tracing::error!(
+        expected,
+        next,
+        "refused a claim transition that does not step its version by one"
+    );
+    StoreError(format!(
+        "a transition from version {expected} must write version {}, not {next}",
+        expected + 1
+    ))
 }
 
 /// The audit record written with a receipt (both backends write the same shape).

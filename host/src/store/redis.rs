@@ -30,6 +30,13 @@ const RETENTION_SECONDS: u64 = 72 * 3600;
 /// dropped by the sweeper) and, best-effort, after the claim leaves `Reserved`.
 const LEASES: &str = "obol:leases";
 
+/// Drops a slot's lease index entry unless a later reservation wrote a later lease since.
+const DROP_LEASE: &str = r"
+local s = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if s and tonumber(s) <= tonumber(ARGV[2]) then redis.call('ZREM', KEYS[1], ARGV[1]) end
+return 0
+";
+
 const CLAIM: &str = r"
 local v = redis.call('HGET', KEYS[1], 'v')
 if v then return {1, redis.call('HGET', KEYS[1], 'r')} end
@@ -38,16 +45,23 @@ redis.call('EXPIRE', KEYS[1], ARGV[3])
 return {0}
 ";
 
+/// -1: the record is gone (never a lost race); 0: another version is stored; 1: done. The
+/// claim record is written last, so a script that fails part-way never leaves a finalized
+/// claim without its receipt.
 const TRANSITION: &str = r"
 local v = redis.call('HGET', KEYS[1], 'v')
+if not v then return -1 end
+if tonumber(ARGV[2]) ~= tonumber(ARGV[1]) + 1 then
+  return redis.error_reply('OBOL_VERSION_STEP')
+end
 if v ~= ARGV[1] then return 0 end
-redis.call('HSET', KEYS[1], 'v', ARGV[2], 'r', ARGV[3])
-redis.call('EXPIRE', KEYS[1], ARGV[4])
 if ARGV[5] ~= '' then
   redis.call('SET', KEYS[2], ARGV[5], 'EX', ARGV[4])
   redis.call('XADD', KEYS[3], 'MAXLEN', '~', '1000', '*', 'event', ARGV[6])
   redis.call('EXPIRE', KEYS[3], ARGV[4])
 end
+redis.call('HSET', KEYS[1], 'v', ARGV[2], 'r', ARGV[3])
+redis.call('EXPIRE', KEYS[1], ARGV[4])
 return 1
 ";
 
@@ -80,6 +94,7 @@ pub struct RedisStore {
     connection: ConnectionManager,
     claim: Arc<Script>,
     transition: Arc<Script>,
+    drop_lease: Arc<Script>,
     put_ticket: Arc<Script>,
     decide_ticket: Arc<Script>,
     syncs: Arc<AtomicU64>,
@@ -118,10 +133,12 @@ impl RedisStore {
         let connection = ConnectionManager::new_with_config(client, config)
             .await
             .map_err(|e| failed(redact(&e.to_string(), url)))?;
+        check_durability(&mut connection.clone()).await?;
         Ok(RedisStore {
             connection,
             claim: Arc::new(Script::new(CLAIM)),
             transition: Arc::new(Script::new(TRANSITION)),
+            drop_lease: Arc::new(Script::new(DROP_LEASE)),
             put_ticket: Arc::new(Script::new(PUT_TICKET)),
             decide_ticket: Arc::new(Script::new(DECIDE_TICKET)),
             syncs: Arc::new(AtomicU64::new(0)),
@@ -150,7 +167,11 @@ impl RedisStore {
             // claim is never reserved without one (a stale entry is dropped by the sweeper).
             Some(until) => {
                 let piped = redis::pipe()
-                    .zadd(LEASES, key.slot(), until)
+                    .cmd("ZADD")
+                    .arg(LEASES)
+                    .arg("GT")
+                    .arg(until)
+                    .arg(key.slot())
                     .ignore()
                     .cmd("EVALSHA")
                     .arg(self.claim.get_hash())
@@ -176,6 +197,20 @@ impl RedisStore {
             }
             None => invoke(&mut connection).await,
         };
+        let reply = match reply {
+            Err(error) if ambiguous(&error) => {
+                // The script may have run: a record with our receipt id at version 1 is ours.
+                tracing::warn!(
+                    "a claim reply was lost ({error}); reading the claim to see what happened"
+                );
+                return match self.get(key).await? {
+                    Some(stored) if stored == *record => Ok(Claim::Acquired),
+                    Some(stored) => Ok(Claim::Existing(Box::new(stored))),
+                    None => Err(failed(error)),
+                };
+            }
+            other => other,
+        };
         let (found, existing): (i64, Option<String>) = reply
             .map(|reply| decode_claim_reply(&reply))
             .map_err(failed)??;
@@ -196,6 +231,9 @@ impl RedisStore {
         next: &ClaimRecord,
         receipt: Option<&Receipt>,
     ) -> Result<bool, StoreError> {
+        if next.version != expected.version + 1 {
+            return Err(super::version_step(expected.version, next.version));
+        }
         let (claim, receipt_key, audit_key) = claim_key(key);
         let receipt_json = receipt
             .map(serde_json::to_string)
@@ -205,57 +243,118 @@ impl RedisStore {
         let event = receipt
             .map(|r| super::audit_event(r).to_string())
             .unwrap_or_default();
+        let next_json = serde_json::to_string(next).map_err(failed)?;
         let mut connection = self.connection.clone();
+        let mut pipe = redis::pipe();
+        // Everything outside the claim's hash tag goes in the same round trip, before the
+        // script: the lease index entry of a new reservation (so a reserved claim always has
+        // one), and a receipt's pointer and listing entry (so a receipt is findable the
+        // moment it exists; readers skip an entry whose receipt was never written).
         if let Some(until) = next.reserved_lease() {
-            self.index_lease(key, until).await?;
+            // GT: a racer that loses the compare-and-set cannot lower a live entry's lease.
+            pipe.cmd("ZADD")
+                .arg(LEASES)
+                .arg("GT")
+                .arg(until)
+                .arg(key.slot())
+                .ignore();
         }
-        let done: i64 = self
-            .transition
-            .key(claim)
-            .key(&receipt_key)
-            .key(audit_key)
+        if let Some(receipt) = receipt {
+            index_receipt(&mut pipe, receipt, &receipt_key);
+        }
+        pipe.cmd("EVALSHA")
+            .arg(self.transition.get_hash())
+            .arg(3)
+            .arg(&claim)
+            .arg(&receipt_key)
+            .arg(&audit_key)
             .arg(expected.version)
             .arg(next.version)
-            .arg(serde_json::to_string(next).map_err(failed)?)
+            .arg(&next_json)
             .arg(RETENTION_SECONDS)
-            .arg(receipt_json)
-            .arg(event)
-            .invoke_async(&mut connection)
-            .await
-            .map_err(failed)?;
-        self.syncs.fetch_add(1, Ordering::Relaxed);
-        let settled_slot = (done == 1 && next.reserved_lease().is_none()).then(|| key.slot());
-        match (done == 1, receipt) {
-            // The outcome is already durable; the indexes only serve lookups by id, listings
-            // and the sweeper, so failing to write them must not turn a recorded outcome into
-            // an error.
-            (true, Some(receipt)) => {
-                if let Err(error) = self
-                    .index_receipt(receipt, &receipt_key, settled_slot.as_deref())
-                    .await
-                {
-                    tracing::warn!(receipt = %receipt.id, "receipt recorded but not indexed: {error}");
-                }
-            }
-            _ => {
-                if let Some(slot) = settled_slot {
-                    let removed: Result<(), _> = connection.zrem(LEASES, slot).await;
-                    if let Err(error) = removed {
-                        tracing::warn!(
-                            "a settled claim stays in the lease index until the sweeper drops it: {error}"
-                        );
-                    }
-                }
-            }
+            .arg(&receipt_json)
+            .arg(&event);
+        // A claim leaving `Reserved` drops its lease index entry in the same round trip. It
+        // runs whatever the script decided, and is harmless when the script refused: it drops
+        // only an entry no later than the lease this transition started from, never the entry
+        // of a later reservation.
+        let leaves_reserved = next.reserved_lease().is_none();
+        if leaves_reserved {
+            pipe.cmd("EVAL")
+                .arg(DROP_LEASE)
+                .arg(1)
+                .arg(LEASES)
+                .arg(key.slot())
+                .arg(expected.lease_until_ms)
+                .ignore();
         }
-        Ok(done == 1)
+        let reply = match pipe.query_async::<(i64,)>(&mut connection).await {
+            Err(error)
+                if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+            {
+                // Not loaded yet: the indexes are written; load and run the script.
+                self.transition
+                    .key(&claim)
+                    .key(&receipt_key)
+                    .key(&audit_key)
+                    .arg(expected.version)
+                    .arg(next.version)
+                    .arg(&next_json)
+                    .arg(RETENTION_SECONDS)
+                    .arg(&receipt_json)
+                    .arg(&event)
+                    .invoke_async::<i64>(&mut connection)
+                    .await
+            }
+            other => other.map(|(done,)| done),
+        };
+        let done = match reply {
+            Ok(done) => done,
+            Err(error) if ambiguous(&error) => {
+                // The script may have run: what is stored now says whether it did.
+                return self.settle_ambiguous(key, expected, next, &error).await;
+            }
+            Err(error) => return Err(failed(error)),
+        };
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        match done {
+            -1 => Err(super::gone(&key.slot())),
+            1 => Ok(true),
+            _ => Ok(false),
+        }
     }
 
-    async fn index_lease(&self, key: &ClaimKey, until_ms: u64) -> Result<(), StoreError> {
+    /// After a reply whose outcome is unknown (a timeout or a dropped connection once the
+    /// script was sent), reads the record and continues from what is there: `next` stored
+    /// means the transition happened; `expected` still stored means it did not (a failure,
+    /// nothing to act on); anything else means someone else moved it (a lost race).
+    async fn settle_ambiguous(
+        &self,
+        key: &ClaimKey,
+        expected: &ClaimRecord,
+        next: &ClaimRecord,
+        cause: &redis::RedisError,
+    ) -> Result<bool, StoreError> {
+        tracing::warn!("a store reply was lost ({cause}); reading the claim to see what happened");
+        match self.get(key).await? {
+            Some(stored) if stored == *next => Ok(true),
+            Some(stored) if stored.version == expected.version => Err(failed(cause)),
+            Some(_) => Ok(false),
+            None => Err(super::gone(&key.slot())),
+        }
+    }
+
+    /// Drops `slot`'s lease index entry if its lease is no later than `until_ms` (a newer
+    /// reservation's entry stays).
+    async fn drop_lease(&self, slot: &str, until_ms: u64) -> Result<(), StoreError> {
         let mut connection = self.connection.clone();
-        connection
-            .zadd::<_, _, _, ()>(LEASES, key.slot(), until_ms)
+        self.drop_lease
+            .key(LEASES)
+            .arg(slot)
+            .arg(until_ms)
+            .invoke_async::<i64>(&mut connection)
             .await
+            .map(|_| ())
             .map_err(failed)
     }
 
@@ -263,63 +362,46 @@ impl RedisStore {
         &self,
         now_ms: u64,
         limit: usize,
-    ) -> Result<Vec<ClaimRecord>, StoreError> {
+    ) -> Result<Vec<(String, ClaimRecord)>, StoreError> {
         let mut connection = self.connection.clone();
-        let slots: Vec<String> = connection
-            .zrangebyscore_limit(LEASES, 0, now_ms, 0, limit as isize)
+        let entries: Vec<(String, f64)> = connection
+            .zrangebyscore_limit_withscores(LEASES, 0, now_ms, 0, limit as isize)
             .await
             .map_err(failed)?;
         let mut out = Vec::new();
-        for slot in slots {
+        for (slot, score) in entries {
             let json: Option<String> = connection
                 .hget(format!("obol:{{{slot}}}:claim"), "r")
                 .await
                 .map_err(failed)?;
-            let record = json
-                .map(|j| serde_json::from_str::<ClaimRecord>(&j).map_err(failed))
-                .transpose()?;
+            let record = match json.map(|j| serde_json::from_str::<ClaimRecord>(&j)) {
+                Some(Ok(record)) => Some(record),
+                // One unreadable record must not stop the sweep of every other.
+                Some(Err(error)) => {
+                    tracing::error!("the sweeper skips a claim that does not decode: {error}");
+                    continue;
+                }
+                None => None,
+            };
             match record {
-                Some(record) if record.holder_died(now_ms) => out.push(record),
+                Some(record) if record.holder_died(now_ms) => out.push((slot, record)),
+                // Alive with a later lease than its entry says: the entry follows the record.
+                Some(record) if record.reserved_lease().is_some() => {
+                    let _: Result<(), _> = redis::cmd("ZADD")
+                        .arg(LEASES)
+                        .arg("GT")
+                        .arg(record.lease_until_ms)
+                        .arg(&slot)
+                        .query_async(&mut connection)
+                        .await;
+                }
                 // Moved on (or expired): the entry points at nothing the sweeper must settle.
                 _ => {
-                    let _: Result<(), _> = connection.zrem(LEASES, &slot).await;
+                    let _ = self.drop_lease(&slot, score as u64).await;
                 }
             }
         }
         Ok(out)
-    }
-
-    /// Points `obol:receipt:{workspace}:{id}` at where the receipt lives and lists it; drops
-    /// `settled`'s lease index entry in the same round trip.
-    async fn index_receipt(
-        &self,
-        receipt: &Receipt,
-        location: &str,
-        settled: Option<&str>,
-    ) -> Result<(), StoreError> {
-        let mut connection = self.connection.clone();
-        let index = format!("obol:receipts:{}", receipt.workspace);
-        let pointer = format!("obol:receipt:{}:{}", receipt.workspace, receipt.id);
-        let horizon = receipt
-            .finalized_at_ms
-            .saturating_sub(RETENTION_SECONDS * 1000);
-        let mut pipe = redis::pipe();
-        if let Some(slot) = settled {
-            pipe.zrem(LEASES, slot).ignore();
-        }
-        pipe.set_ex(&pointer, location, RETENTION_SECONDS)
-            .ignore()
-            .zadd(&index, &receipt.id, receipt.finalized_at_ms)
-            .ignore()
-            .zrembyscore(&index, 0, horizon)
-            .ignore()
-            .expire(&index, RETENTION_SECONDS as i64)
-            .ignore()
-            .query_async::<()>(&mut connection)
-            .await
-            .map_err(failed)?;
-        self.syncs.fetch_add(1, Ordering::Relaxed);
-        Ok(())
     }
 
     /// A refused call's receipt: no claim, so it lives under its own key.
@@ -327,8 +409,9 @@ impl RedisStore {
         let mut connection = self.connection.clone();
         let location = format!("obol:refusal:{}:{}", receipt.workspace, receipt.id);
         let json = serde_json::to_string(receipt).map_err(failed)?;
-        redis::pipe()
-            .set_ex(&location, json, RETENTION_SECONDS)
+        let mut pipe = redis::pipe();
+        index_receipt(&mut pipe, receipt, &location);
+        pipe.set_ex(&location, json, RETENTION_SECONDS)
             .ignore()
             .cmd("XADD")
             .arg(format!("obol:refusals:{}", receipt.workspace))
@@ -342,7 +425,8 @@ impl RedisStore {
             .query_async::<()>(&mut connection)
             .await
             .map_err(failed)?;
-        self.index_receipt(receipt, &location, None).await
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        Ok(())
     }
 
     pub async fn get(&self, key: &ClaimKey) -> Result<Option<ClaimRecord>, StoreError> {
@@ -363,8 +447,12 @@ impl RedisStore {
             return Ok(None);
         };
         let json: Option<String> = connection.get(location).await.map_err(failed)?;
-        json.map(|j| serde_json::from_str(&j).map_err(failed))
-            .transpose()
+        let receipt: Option<Receipt> = json
+            .map(|j| serde_json::from_str(&j).map_err(failed))
+            .transpose()?;
+        // Pointers are written before their receipt: one whose write never followed (a stale
+        // finalize) leads to nothing, or to another receipt of the slot.
+        Ok(receipt.filter(|r| r.id == id && r.workspace == workspace))
     }
 
     pub async fn receipts(
@@ -453,7 +541,13 @@ impl RedisStore {
                 .ignore()
                 .expire(&stream, RETENTION_SECONDS as i64)
                 .ignore()
-                .hset(ticket_key(&ticket.id), "x", 1)
+                // Marked only if the ticket still exists: one whose expiry already passed is
+                // gone by now, and an unconditional HSET would leave a fragment without a TTL
+                // that blocks every later repair.
+                .cmd("EVAL")
+                .arg("if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], 'x', 1) end return 0")
+                .arg(1)
+                .arg(ticket_key(&ticket.id))
                 .ignore()
                 .query_async::<()>(&mut connection)
                 .await
@@ -545,6 +639,64 @@ fn decode_claim_reply(reply: &[redis::Value]) -> Result<(i64, Option<String>), S
         _ => None,
     };
     Ok((found, record))
+}
+
+/// Adds a receipt's pointer (`obol:receipt:{workspace}:{id}` → where it lives) and its
+/// listing entry to `pipe`. Written before the receipt itself: a reader that follows either
+/// to nothing skips it.
+fn index_receipt(pipe: &mut redis::Pipeline, receipt: &Receipt, location: &str) {
+    let index = format!("obol:receipts:{}", receipt.workspace);
+    let pointer = format!("obol:receipt:{}:{}", receipt.workspace, receipt.id);
+    let horizon = receipt
+        .finalized_at_ms
+        .saturating_sub(RETENTION_SECONDS * 1000);
+    pipe.set_ex(&pointer, location, RETENTION_SECONDS)
+        .ignore()
+        .zadd(&index, &receipt.id, receipt.finalized_at_ms)
+        .ignore()
+        .zrembyscore(&index, 0, horizon)
+        .ignore()
+        .expire(&index, RETENTION_SECONDS as i64)
+        .ignore();
+}
+
+/// The settings under which what Redis acknowledges is what it keeps: every write fsynced to
+/// the append-only file before the reply, and nothing evicted under memory pressure (every
+/// claim carries a TTL, so a `volatile-*` policy would evict claims first, and a missing
+/// claim would let a same-key retry send again).
+const REQUIRED: [(&str, &str); 3] = [
+    ("appendonly", "yes"),
+    ("appendfsync", "always"),
+    ("maxmemory-policy", "noeviction"),
+];
+
+/// Refuses a server whose persistence or eviction settings would lose acknowledged claims,
+/// naming the setting. A server that hides `CONFIG` is refused too: Obol cannot tell.
+async fn check_durability(connection: &mut ConnectionManager) -> Result<(), StoreError> {
+    for (setting, wanted) in REQUIRED {
+        let reply: Vec<String> = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg(setting)
+            .query_async(connection)
+            .await
+            .map_err(|error| {
+                failed(format!(
+                    "could not read the Redis setting {setting} ({error}); Obol needs {setting} {wanted} and checks it with CONFIG GET"
+                ))
+            })?;
+        let actual = reply.get(1).map(String::as_str).unwrap_or("");
+        if actual != wanted {
+            return Err(failed(format!(
+                "Redis runs with {setting} {actual:?}; Obol needs {setting} {wanted}, or acknowledged claims can be lost and a retry could send a call twice (docs/operations.md)"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Whether the command may have run although its reply was lost.
+fn ambiguous(error: &redis::RedisError) -> bool {
+    error.is_timeout() || error.is_connection_dropped() || error.is_io_error()
 }
 
 fn ticket_key(id: &ApprovalId) -> String {

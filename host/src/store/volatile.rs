@@ -41,7 +41,13 @@ impl VolatileStore {
     ) -> Result<bool, StoreError> {
         let mut state = self.state.lock().expect("store lock");
         let slot = key.slot();
-        if state.claims.get(&slot).map(|c| c.version) != Some(expected.version) {
+        let Some(current) = state.claims.get(&slot) else {
+            return Err(super::gone(&slot));
+        };
+        if next.version != expected.version + 1 {
+            return Err(super::version_step(expected.version, next.version));
+        }
+        if current.version != expected.version {
             return Ok(false);
         }
         state.claims.insert(slot, next.clone());
@@ -58,14 +64,14 @@ impl VolatileStore {
         &self,
         now_ms: u64,
         limit: usize,
-    ) -> Result<Vec<ClaimRecord>, StoreError> {
+    ) -> Result<Vec<(String, ClaimRecord)>, StoreError> {
         let state = self.state.lock().expect("store lock");
         Ok(state
             .claims
-            .values()
-            .filter(|record| record.holder_died(now_ms))
+            .iter()
+            .filter(|(_, record)| record.holder_died(now_ms))
             .take(limit)
-            .cloned()
+            .map(|(slot, record)| (slot.clone(), record.clone()))
             .collect())
     }
 
