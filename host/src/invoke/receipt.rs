@@ -99,3 +99,28 @@ pub fn refused(
         finalized_at_ms: now,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Bug 12: whatever the gateway observed of a federated route's answer, it is never
+    /// reported verified (the receipt and `_meta.obol.verification` both read this).
+    #[test]
+    fn a_federated_route_is_never_verified() {
+        for observed in [
+            Verification::Verified,
+            Verification::Inconclusive,
+            Verification::Unverifiable,
+        ] {
+            assert_eq!(
+                verification(EvidenceClass::Untrusted, observed),
+                Verification::Unverifiable
+            );
+            assert_eq!(
+                verification(EvidenceClass::GatewayObserved, observed),
+                observed
+            );
+        }
+    }
+}
