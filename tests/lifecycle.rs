@@ -349,6 +349,26 @@ async fn every_call_answer_names_its_idempotency_key() {
     // Invalid params (no name): the header too.
     let no_name = call(json!({})).await;
     assert!(no_name.header("idempotency-key").is_some());
+    // A refusal before the MCP server runs (an approval header alone) names a supplied key.
+    let supplied = key("supplied");
+    let body = json!({"jsonrpc": "2.0", "id": 8, "method": "tools/call", "params": {"name": REFUND, "arguments": refund_args()}});
+    let refused = raw
+        .post(
+            Some(TOKEN),
+            Some(&session),
+            &body.to_string(),
+            &[
+                ("idempotency-key", supplied.as_str()),
+                ("obol-approval-id", "apr_00000000000000000000000000000000"),
+            ],
+        )
+        .await;
+    assert_eq!(refused.error_type(), "approval_invalid", "{refused:?}");
+    assert_eq!(refused.header("idempotency-key"), Some(supplied.as_str()));
+    assert_eq!(
+        refused.message()["error"]["data"]["idempotency_key"],
+        json!(supplied)
+    );
     assert_eq!(vendor.received(), 0);
 }
 

@@ -74,6 +74,47 @@ fn admit(gateway: &Gateway, headers: &HeaderMap) -> Result<Arc<VirtualKey>, Obol
 
 async fn post(gateway: &Gateway, headers: &HeaderMap, body: Body) -> Result<Response, ObolError> {
     let key = admit(gateway, headers)?;
+    // A client that supplied a well-formed key gets it back on every authenticated answer,
+    // refusals before the MCP server included (a minted key exists only once a call is read).
+    let supplied = single_header(headers, IDEMPOTENCY_HEADER)
+        .ok()
+        .flatten()
+        .and_then(|text| IdempotencyKey::parse(text).ok());
+    match post_admitted(gateway, headers, body, &key).await {
+        Err(error)
+            if supplied.is_some() && !matches!(error, ObolError::InvalidIdempotencyKey(_)) =>
+        {
+            let version = known_version(headers).unwrap_or(LATEST_VERSION);
+            let identity = supplied.map(|key| ClaimIdentity {
+                key,
+                receipt_id: None,
+            });
+            let mut response = answer(
+                StatusCode::OK,
+                version,
+                Value::Null,
+                Err(error),
+                identity.as_ref(),
+            );
+            if let Some(identity) = identity {
+                response.headers_mut().insert(
+                    IDEMPOTENCY_HEADER,
+                    HeaderValue::from_str(identity.key.as_str()).expect("keys are ASCII"),
+                );
+            }
+            Ok(response)
+        }
+        other => other,
+    }
+}
+
+async fn post_admitted(
+    gateway: &Gateway,
+    headers: &HeaderMap,
+    body: Body,
+    key: &Arc<VirtualKey>,
+) -> Result<Response, ObolError> {
+    let key = Arc::clone(key);
     // A resume's token is verified before anything else runs; the lifecycle binds it to the
     // held call.
     let approval = approval_grant(gateway, headers, &key)?;
