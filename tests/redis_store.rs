@@ -207,3 +207,17 @@ async fn a_redis_that_could_lose_claims_is_refused_at_start() {
     let client = McpClient::connect(&gateway.url, TOKEN).await;
     assert!(!client.tool_names().await.is_empty());
 }
+
+/// Issue 9: the retention is one policy, the same on Redis as embedded (the contract's
+/// retention case, with a one-second retention).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_redis_store_keeps_the_retention_policy() {
+    let redis = RedisServer::start();
+    let store = obol::store::Store::Redis(
+        obol::store::RedisStore::connect(&redis.url())
+            .await
+            .unwrap()
+            .with_retention(Duration::from_secs(1)),
+    );
+    obol::store::contract::retention_is_one_policy(&store).await;
+}

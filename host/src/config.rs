@@ -71,6 +71,9 @@ pub struct StoreConfig {
     /// How long a holder may keep a claim in flight before another call may treat it as
     /// dead (finalize it `unknown`, or take it over when nothing was sent).
     pub lease: Duration,
+    /// How long finalized claims, receipts, audit records and expired tickets are kept (both
+    /// backends; at least 25 h, longer than an approval ticket lives).
+    pub retention: Duration,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -285,6 +288,7 @@ struct StoreFile {
     path: Option<PathBuf>,
     redis_url: Option<String>,
     lease_ms: Option<u64>,
+    retention_hours: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -800,6 +804,15 @@ impl Config {
                         )));
                     }
                     Some(lease) => lease,
+                },
+                retention: match file.store.retention_hours {
+                    None => crate::store::DEFAULT_RETENTION,
+                    Some(hours) if hours < 25 => {
+                        return Err(invalid(
+                            "[store] retention_hours must be at least 25: a held call's slot and ticket live 24 h".into(),
+                        ));
+                    }
+                    Some(hours) => Duration::from_secs(hours * 3600),
                 },
             },
         })

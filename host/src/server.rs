@@ -17,10 +17,12 @@ pub async fn open_store(config: &StoreConfig) -> anyhow::Result<Store> {
     Ok(match &config.backend {
         StoreBackend::Embedded(path) => {
             tracing::info!(path = %path.display(), "using the embedded store");
-            Store::Embedded(EmbeddedStore::open(path)?)
+            Store::Embedded(EmbeddedStore::open(path)?.with_retention(config.retention))
         }
         StoreBackend::Redis(url) => {
-            let store = RedisStore::connect(url).await?;
+            let store = RedisStore::connect(url)
+                .await?
+                .with_retention(config.retention);
             tracing::info!("using the Redis store");
             Store::Redis(store)
         }
@@ -75,6 +77,21 @@ pub async fn serve(config: Config, listener: TcpListener) -> anyhow::Result<()> 
                     Err(error) => {
                         tracing::warn!("could not read the key and policy registry: {error}")
                     }
+                }
+            }
+        });
+    }
+    // What is past the retention is removed in the background (Redis keys expire by themselves).
+    if matches!(gateway.services.store, Store::Embedded(_)) {
+        let store = gateway.services.store.clone();
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(std::time::Duration::from_secs(600));
+            loop {
+                ticks.tick().await;
+                match store.compact(crate::clock::now_ms()).await {
+                    Ok(0) => {}
+                    Ok(removed) => tracing::info!(removed, "compacted records past the retention"),
+                    Err(error) => tracing::warn!("compaction failed: {error}"),
                 }
             }
         });

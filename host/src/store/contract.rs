@@ -365,6 +365,48 @@ async fn keys_are_independent(store: &Store) {
     }
 }
 
+/// One retention on both backends: run against a store built with a one-second retention.
+/// Finalized claims, their receipts and expired tickets are gone once it has passed (Redis by
+/// TTL, embedded by compaction); a pending ticket stays.
+pub async fn retention_is_one_policy(store: &Store) {
+    let k = key(40);
+    // Its lease has ended: a finalized claim's retention counts from its last lease's end.
+    let r = record_leased_until(now_ms().saturating_sub(1));
+    store.claim(&k, &r).await.unwrap();
+    let done = r.finalize(StoredOutcome {
+        class: OutcomeClass::Accepted,
+        vendor_status: Some(200),
+        response: Ok(serde_json::json!({})),
+    });
+    let mut old_receipt = receipt(&done, &k);
+    old_receipt.finalized_at_ms = now_ms();
+    assert!(store.finalize(&k, &r, &done, &old_receipt).await.unwrap());
+    let workspace = format!("retention{}", now_ms());
+    let mut expired = ticket(&workspace, now_ms().saturating_sub(86_400_000));
+    expired.expires_at_ms = now_ms();
+    let pending = ticket(&workspace, now_ms());
+    store.put_ticket(&expired).await.unwrap();
+    store.put_ticket(&pending).await.unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    store.compact(now_ms() + 1000).await.unwrap();
+    assert_eq!(
+        store.get(&k).await.unwrap(),
+        None,
+        "a finalized claim outlived the retention"
+    );
+    assert_eq!(store.receipt("acme", &old_receipt.id).await.unwrap(), None);
+    assert!(
+        !store
+            .receipts("acme", 10_000)
+            .await
+            .unwrap()
+            .iter()
+            .any(|listed| listed.id == old_receipt.id)
+    );
+    assert_eq!(store.ticket(&expired.id).await.unwrap(), None);
+    assert_eq!(store.ticket(&pending.id).await.unwrap(), Some(pending));
+}
+
 #[cfg(test)]
 mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -384,5 +426,12 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(50));
         let reopened = super::Store::Embedded(super::EmbeddedStore::open(&path).unwrap());
         assert_eq!(reopened.get(&k).await.unwrap(), Some(r));
+        drop(reopened);
+        let short = super::Store::Embedded(
+            super::EmbeddedStore::open(&dir.path().join("short.redb"))
+                .unwrap()
+                .with_retention(std::time::Duration::from_secs(1)),
+        );
+        super::retention_is_one_policy(&short).await;
     }
 }

@@ -30,6 +30,10 @@ const TICKET_INDEX: TableDefinition<&str, ()> = TableDefinition::new("approval_i
 /// Slot → lease end (ms) of every claim with an attempt reserved: what the sweeper reads to
 /// find dead holders without walking every claim. Written in the claim's own transaction.
 const LEASES: TableDefinition<&str, u64> = TableDefinition::new("leases");
+/// `{since_ms:020}\0{kind}\0{key}` → (): when each removable record's retention started
+/// (`c` a finalized claim by slot, `r` a receipt by `{workspace}\0{id}`, `t` a ticket by id),
+/// so compaction reads a prefix of one table instead of walking everything.
+const EXPIRY: TableDefinition<&str, ()> = TableDefinition::new("expiry");
 
 /// The most operations one group commit takes.
 const MAX_BATCH: usize = 256;
@@ -37,6 +41,7 @@ const MAX_BATCH: usize = 256;
 #[derive(Clone)]
 pub struct EmbeddedStore {
     inner: Arc<Inner>,
+    retention: std::time::Duration,
 }
 
 impl std::fmt::Debug for EmbeddedStore {
@@ -64,6 +69,8 @@ enum Op {
         next_version: u64,
         next: Vec<u8>,
         lease: Option<u64>,
+        /// When `next` is finalized: the time its retention counts from.
+        finalized_since: Option<u64>,
         receipt: Option<Box<Receipt>>,
         reply: oneshot::Sender<Result<bool, StoreError>>,
     },
@@ -81,6 +88,12 @@ enum Op {
         decision: Decision,
         at_ms: u64,
         reply: oneshot::Sender<Result<Decided, StoreError>>,
+    },
+    /// Removes up to `limit` records whose retention started before `horizon_ms`.
+    Compact {
+        horizon_ms: u64,
+        limit: usize,
+        reply: oneshot::Sender<Result<usize, StoreError>>,
     },
     Registry {
         key: String,
@@ -110,7 +123,9 @@ impl EmbeddedStore {
         txn.open_table(TICKET_INDEX).map_err(failed)?;
         txn.open_table(REGISTRY).map_err(failed)?;
         txn.open_table(LEASES).map_err(failed)?;
+        txn.open_table(EXPIRY).map_err(failed)?;
         backfill_leases(&txn)?;
+        backfill_expiry(&txn)?;
         txn.commit().map_err(failed)?;
         let db = Arc::new(db);
         let syncs = Arc::new(AtomicU64::new(0));
@@ -122,6 +137,7 @@ impl EmbeddedStore {
             .map_err(failed)?;
         Ok(EmbeddedStore {
             inner: Arc::new(Inner { db, writer, syncs }),
+            retention: super::DEFAULT_RETENTION,
         })
     }
 
@@ -145,6 +161,8 @@ impl EmbeddedStore {
         receipt: Option<&Receipt>,
     ) -> Result<bool, StoreError> {
         let lease = next.reserved_lease();
+        let finalized_since = matches!(next.state, super::ClaimState::Finalized { .. })
+            .then_some(next.lease_until_ms);
         let next_version = next.version;
         let next = serde_json::to_vec(next).map_err(failed)?;
         self.ask(|reply| Op::Transition {
@@ -153,6 +171,7 @@ impl EmbeddedStore {
             next_version,
             next,
             lease,
+            finalized_since,
             receipt: receipt.cloned().map(Box::new),
             reply,
         })
@@ -166,6 +185,33 @@ impl EmbeddedStore {
         })
         .await
         .map(|_| ())
+    }
+
+    /// How long finalized claims, receipts, audit records and expired tickets are kept.
+    pub fn with_retention(mut self, retention: std::time::Duration) -> EmbeddedStore {
+        self.retention = retention;
+        self
+    }
+
+    /// Removes what is past the retention, a small batch per group commit, so claims queued
+    /// meanwhile are never held up for more than one batch.
+    pub async fn compact(&self, now_ms: u64) -> Result<usize, StoreError> {
+        const BATCH: usize = 500;
+        let horizon_ms = now_ms.saturating_sub(self.retention.as_millis() as u64);
+        let mut removed = 0;
+        loop {
+            let done = self
+                .ask(|reply| Op::Compact {
+                    horizon_ms,
+                    limit: BATCH,
+                    reply,
+                })
+                .await?;
+            removed += done;
+            if done < BATCH {
+                return Ok(removed);
+            }
+        }
     }
 
     pub async fn put_ticket(&self, ticket: &Ticket) -> Result<(), StoreError> {
@@ -394,6 +440,152 @@ fn backfill_leases(txn: &redb::WriteTransaction) -> Result<(), StoreError> {
     Ok(())
 }
 
+fn expiry_key(since_ms: u64, kind: char, key: &str) -> String {
+    format!("{since_ms:020}\0{kind}\0{key}")
+}
+
+/// The tables compaction removes from.
+struct Removal<'a, 't> {
+    expiry: &'a mut redb::Table<'t, &'static str, ()>,
+    claims: &'a mut redb::Table<'t, &'static str, &'static [u8]>,
+    receipts: &'a mut redb::Table<'t, &'static str, &'static [u8]>,
+    index: &'a mut redb::Table<'t, &'static str, ()>,
+    tickets: &'a mut redb::Table<'t, &'static str, &'static [u8]>,
+    ticket_index: &'a mut redb::Table<'t, &'static str, ()>,
+    audit: &'a mut redb::Table<'t, u64, &'static [u8]>,
+}
+
+/// Removes up to `limit` records whose retention started before `horizon_ms`: finalized
+/// claims, receipts (with their listing entry), expired tickets (with theirs) and audit
+/// records. A claim that is no longer finalized, and a ticket still pending, stay.
+fn compact(horizon_ms: u64, limit: usize, tables: &mut Removal) -> Result<usize, StoreError> {
+    let end = format!("{horizon_ms:020}");
+    let due: Vec<String> = tables
+        .expiry
+        .range(..end.as_str())
+        .map_err(failed)?
+        .take(limit)
+        .map(|entry| entry.map(|(key, _)| key.value().to_owned()))
+        .collect::<Result<_, _>>()
+        .map_err(failed)?;
+    let mut removed = 0;
+    for entry in &due {
+        tables.expiry.remove(entry.as_str()).map_err(failed)?;
+        let mut parts = entry.splitn(3, '\0');
+        let (Some(since), Some(kind), Some(key)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        match kind {
+            "c" => {
+                let finalized = tables
+                    .claims
+                    .get(key)
+                    .map_err(failed)?
+                    .and_then(|bytes| serde_json::from_slice::<ClaimRecord>(bytes.value()).ok())
+                    .is_some_and(|record| {
+                        matches!(record.state, super::ClaimState::Finalized { .. })
+                    });
+                if finalized {
+                    tables.claims.remove(key).map_err(failed)?;
+                }
+            }
+            "r" => {
+                tables.receipts.remove(key).map_err(failed)?;
+                if let Some((workspace, id)) = key.split_once('\0') {
+                    let order = format!("{workspace}\0{since}\0{id}");
+                    tables.index.remove(order.as_str()).map_err(failed)?;
+                }
+            }
+            "t" => {
+                let ticket = tables
+                    .tickets
+                    .get(key)
+                    .map_err(failed)?
+                    .and_then(|bytes| serde_json::from_slice::<Ticket>(bytes.value()).ok());
+                if let Some(ticket) = ticket {
+                    let order = format!(
+                        "{}\0{:020}\0{}",
+                        ticket.workspace, ticket.created_at_ms, ticket.id
+                    );
+                    tables.ticket_index.remove(order.as_str()).map_err(failed)?;
+                }
+                tables.tickets.remove(key).map_err(failed)?;
+            }
+            _ => continue,
+        }
+        removed += 1;
+    }
+    // Audit records are in write order: the oldest first, up to the batch size.
+    let mut old_audit = Vec::new();
+    for entry in tables.audit.iter().map_err(failed)?.take(limit) {
+        let (seq, bytes) = entry.map_err(failed)?;
+        let at_ms = serde_json::from_slice::<serde_json::Value>(bytes.value())
+            .ok()
+            .and_then(|event| event["at_ms"].as_u64())
+            .unwrap_or(0);
+        if at_ms >= horizon_ms {
+            break;
+        }
+        old_audit.push(seq.value());
+    }
+    for seq in &old_audit {
+        tables.audit.remove(*seq).map_err(failed)?;
+    }
+    Ok(removed + old_audit.len())
+}
+
+/// Files written before the expiry index existed: every finalized claim, receipt and ticket
+/// gets its entry, once.
+fn backfill_expiry(txn: &redb::WriteTransaction) -> Result<(), StoreError> {
+    const MARKER: &str = "meta\0expiry-index";
+    let mut registry = txn.open_table(REGISTRY).map_err(failed)?;
+    if registry.get(MARKER).map_err(failed)?.is_some() {
+        return Ok(());
+    }
+    let mut expiry = txn.open_table(EXPIRY).map_err(failed)?;
+    let claims = txn.open_table(CLAIMS).map_err(failed)?;
+    for entry in claims.iter().map_err(failed)? {
+        let (slot, bytes) = entry.map_err(failed)?;
+        if let Ok(record) = serde_json::from_slice::<ClaimRecord>(bytes.value())
+            && matches!(record.state, super::ClaimState::Finalized { .. })
+        {
+            expiry
+                .insert(
+                    expiry_key(record.lease_until_ms, 'c', slot.value()).as_str(),
+                    (),
+                )
+                .map_err(failed)?;
+        }
+    }
+    let receipts = txn.open_table(RECEIPTS).map_err(failed)?;
+    for entry in receipts.iter().map_err(failed)? {
+        let (key, bytes) = entry.map_err(failed)?;
+        if let Ok(receipt) = serde_json::from_slice::<Receipt>(bytes.value()) {
+            expiry
+                .insert(
+                    expiry_key(receipt.finalized_at_ms, 'r', key.value()).as_str(),
+                    (),
+                )
+                .map_err(failed)?;
+        }
+    }
+    let tickets = txn.open_table(TICKETS).map_err(failed)?;
+    for entry in tickets.iter().map_err(failed)? {
+        let (id, bytes) = entry.map_err(failed)?;
+        if let Ok(ticket) = serde_json::from_slice::<Ticket>(bytes.value()) {
+            expiry
+                .insert(
+                    expiry_key(ticket.expires_at_ms, 't', id.value()).as_str(),
+                    (),
+                )
+                .map_err(failed)?;
+        }
+    }
+    registry.insert(MARKER, "done").map_err(failed)?;
+    Ok(())
+}
+
 /// A stored claim that does not decode fails its own operation, never the batch.
 fn undecodable(slot: &str, error: serde_json::Error) -> StoreError {
     tracing::error!(slot = %slot.chars().take(64).collect::<String>(), "a stored claim does not decode: {error}");
@@ -416,6 +608,7 @@ fn json_in<T: serde::de::DeserializeOwned>(
 fn write_receipt(
     receipts: &mut redb::Table<&str, &[u8]>,
     index: &mut redb::Table<&str, ()>,
+    expiry: &mut redb::Table<&str, ()>,
     audit: &mut redb::Table<u64, &[u8]>,
     next_audit: &mut u64,
     receipt: &Receipt,
@@ -434,9 +627,18 @@ fn write_receipt(
             previous.workspace, previous.finalized_at_ms, previous.id
         );
         index.remove(old_order.as_str()).map_err(failed)?;
+        expiry
+            .remove(expiry_key(previous.finalized_at_ms, 'r', &id_key).as_str())
+            .map_err(failed)?;
     }
     receipts
         .insert(id_key.as_str(), bytes.as_slice())
+        .map_err(failed)?;
+    expiry
+        .insert(
+            expiry_key(receipt.finalized_at_ms, 'r', &id_key).as_str(),
+            (),
+        )
         .map_err(failed)?;
     let order = format!(
         "{}\0{:020}\0{}",
@@ -501,6 +703,12 @@ fn answer(op: Op, result: Result<Applied, StoreError>) {
                 _ => Err(mismatch()),
             }));
         }
+        Op::Compact { reply, .. } => {
+            let _ = reply.send(result.and_then(|applied| match applied {
+                Applied::Compacted(removed) => Ok(removed),
+                _ => Err(mismatch()),
+            }));
+        }
         Op::DecideTicket { reply, .. } => {
             let _ = reply.send(result.and_then(|applied| match applied {
                 Applied::DecideTicket(decided) => Ok(decided),
@@ -515,6 +723,7 @@ enum Applied {
     Transition(bool),
     PutTicket,
     DecideTicket(Decided),
+    Compacted(usize),
 }
 
 /// Applies the batch in one transaction. An operation the store refuses (a record that does
@@ -532,6 +741,7 @@ fn apply(db: &Database, batch: &[Op]) -> Result<Vec<Result<Applied, StoreError>>
         let mut ticket_index = txn.open_table(TICKET_INDEX).map_err(failed)?;
         let mut registry = txn.open_table(REGISTRY).map_err(failed)?;
         let mut leases = txn.open_table(LEASES).map_err(failed)?;
+        let mut expiry = txn.open_table(EXPIRY).map_err(failed)?;
         let mut next_audit = audit
             .last()
             .map_err(failed)?
@@ -570,6 +780,7 @@ fn apply(db: &Database, batch: &[Op]) -> Result<Vec<Result<Applied, StoreError>>
                     next_version,
                     next,
                     lease,
+                    finalized_since,
                     receipt,
                     ..
                 } => {
@@ -597,6 +808,18 @@ fn apply(db: &Database, batch: &[Op]) -> Result<Vec<Result<Applied, StoreError>>
                         claims
                             .insert(slot.as_str(), next.as_slice())
                             .map_err(failed)?;
+                        // A finalized claim's retention counts from its last lease; a
+                        // redispatch takes it out of the count until it is final again.
+                        if matches!(current.state, super::ClaimState::Finalized { .. }) {
+                            expiry
+                                .remove(expiry_key(current.lease_until_ms, 'c', slot).as_str())
+                                .map_err(failed)?;
+                        }
+                        if let Some(since) = finalized_since {
+                            expiry
+                                .insert(expiry_key(*since, 'c', slot).as_str(), ())
+                                .map_err(failed)?;
+                        }
                         match lease {
                             Some(until) => leases.insert(slot.as_str(), *until).map(|_| ()),
                             None => leases.remove(slot.as_str()).map(|_| ()),
@@ -606,6 +829,7 @@ fn apply(db: &Database, batch: &[Op]) -> Result<Vec<Result<Applied, StoreError>>
                             write_receipt(
                                 &mut receipts,
                                 &mut index,
+                                &mut expiry,
                                 &mut audit,
                                 &mut next_audit,
                                 receipt,
@@ -618,6 +842,7 @@ fn apply(db: &Database, batch: &[Op]) -> Result<Vec<Result<Applied, StoreError>>
                     write_receipt(
                         &mut receipts,
                         &mut index,
+                        &mut expiry,
                         &mut audit,
                         &mut next_audit,
                         receipt,
@@ -635,8 +860,32 @@ fn apply(db: &Database, batch: &[Op]) -> Result<Vec<Result<Applied, StoreError>>
                             ticket.workspace, ticket.created_at_ms, ticket.id
                         );
                         ticket_index.insert(order.as_str(), ()).map_err(failed)?;
+                        expiry
+                            .insert(
+                                expiry_key(ticket.expires_at_ms, 't', ticket.id.as_str()).as_str(),
+                                (),
+                            )
+                            .map_err(failed)?;
                     }
                     results.push(Ok(Applied::PutTicket));
+                }
+                Op::Compact {
+                    horizon_ms, limit, ..
+                } => {
+                    let removed = compact(
+                        *horizon_ms,
+                        *limit,
+                        &mut Removal {
+                            expiry: &mut expiry,
+                            claims: &mut claims,
+                            receipts: &mut receipts,
+                            index: &mut index,
+                            tickets: &mut tickets,
+                            ticket_index: &mut ticket_index,
+                            audit: &mut audit,
+                        },
+                    )?;
+                    results.push(Ok(Applied::Compacted(removed)));
                 }
                 Op::DecideTicket {
                     id,

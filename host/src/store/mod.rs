@@ -185,6 +185,10 @@ impl Registry {
     }
 }
 
+/// How long finalized claims, receipts, audit records and expired tickets are kept unless
+/// `[store] retention_hours` says otherwise; live claims and pending tickets are never removed.
+pub const DEFAULT_RETENTION: std::time::Duration = std::time::Duration::from_secs(72 * 3600);
+
 /// How a registry write treats a record that already exists.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RegistryWrite {
@@ -280,6 +284,18 @@ impl Store {
             Store::Redis(s) => s.expired_leases(now_ms, limit).await,
             #[cfg(feature = "test-util")]
             Store::Volatile(s) => s.expired_leases(now_ms, limit).await,
+        }
+    }
+
+    /// Removes what is past the retention as of `now_ms` (finalized claims, receipts, audit
+    /// records, expired tickets), in small batches that never hold up a claim. Redis keys
+    /// expire by themselves; returns how many records were removed here.
+    pub async fn compact(&self, now_ms: u64) -> Result<usize, StoreError> {
+        match self {
+            Store::Embedded(s) => s.compact(now_ms).await,
+            Store::Redis(_) => Ok(0),
+            #[cfg(feature = "test-util")]
+            Store::Volatile(_) => Ok(0),
         }
     }
 

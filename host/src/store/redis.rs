@@ -20,10 +20,6 @@ use redis::{AsyncCommands, Script};
 use super::{Claim, ClaimKey, ClaimRecord, Receipt, Registry, RegistryWrite, StoreError};
 use crate::approvals::{ApprovalId, Decided, Decision, Ticket};
 
-/// Claims, receipts and audit entries are kept this long (at least 24 h, longer than an
-/// approval ticket).
-const RETENTION_SECONDS: u64 = 72 * 3600;
-
 /// Slot → lease end (ms) of claims with an attempt reserved, for the sweeper. It lives outside
 /// every claim's hash tag, so it is written beside the scripts, never inside them: before a
 /// reservation (a failed write fails the call closed, and an entry whose claim moved on is
@@ -65,8 +61,8 @@ redis.call('EXPIRE', KEYS[1], ARGV[4])
 return 1
 ";
 
-/// A ticket is a hash (`s`: status, `t`: the ticket) that expires an hour after the ticket
-/// does. The per-workspace approvals stream carries each ticket's id, tool, idempotency key,
+/// A ticket is a hash (`s`: status, `t`: the ticket) kept for the retention after the ticket
+/// expires. The per-workspace approvals stream carries each ticket's id, tool, idempotency key,
 /// request hash, destination and `expires_at_ms`; stream entries cannot expire, so readers
 /// judge expiry by that field and by the hash being gone.
 /// `x` marks a ticket whose stream entry was written: a ticket without it (the stream write
@@ -98,6 +94,9 @@ pub struct RedisStore {
     put_ticket: Arc<Script>,
     decide_ticket: Arc<Script>,
     syncs: Arc<AtomicU64>,
+    /// How long finalized claims, receipts, audit entries and expired tickets are kept
+    /// (every key carries it as its TTL; `[store] retention_hours`).
+    retention_s: u64,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -142,7 +141,14 @@ impl RedisStore {
             put_ticket: Arc::new(Script::new(PUT_TICKET)),
             decide_ticket: Arc::new(Script::new(DECIDE_TICKET)),
             syncs: Arc::new(AtomicU64::new(0)),
+            retention_s: super::DEFAULT_RETENTION.as_secs(),
         })
+    }
+
+    /// Keeps records for `retention` instead of the default.
+    pub fn with_retention(mut self, retention: Duration) -> RedisStore {
+        self.retention_s = retention.as_secs().max(1);
+        self
     }
 
     pub async fn claim(&self, key: &ClaimKey, record: &ClaimRecord) -> Result<Claim, StoreError> {
@@ -154,7 +160,7 @@ impl RedisStore {
             invocation
                 .arg(&json)
                 .arg(record.version)
-                .arg(RETENTION_SECONDS);
+                .arg(self.retention_s);
             let mut connection = connection.clone();
             async move {
                 invocation
@@ -179,7 +185,7 @@ impl RedisStore {
                     .arg(&claim)
                     .arg(&json)
                     .arg(record.version)
-                    .arg(RETENTION_SECONDS)
+                    .arg(self.retention_s)
                     .query_async::<(Vec<redis::Value>,)>(&mut connection)
                     .await;
                 match piped {
@@ -260,7 +266,7 @@ impl RedisStore {
                 .ignore();
         }
         if let Some(receipt) = receipt {
-            index_receipt(&mut pipe, receipt, &receipt_key);
+            index_receipt(&mut pipe, receipt, &receipt_key, self.retention_s);
         }
         pipe.cmd("EVALSHA")
             .arg(self.transition.get_hash())
@@ -271,7 +277,7 @@ impl RedisStore {
             .arg(expected.version)
             .arg(next.version)
             .arg(&next_json)
-            .arg(RETENTION_SECONDS)
+            .arg(self.retention_s)
             .arg(&receipt_json)
             .arg(&event);
         // A claim leaving `Reserved` drops its lease index entry in the same round trip. It
@@ -300,7 +306,7 @@ impl RedisStore {
                     .arg(expected.version)
                     .arg(next.version)
                     .arg(&next_json)
-                    .arg(RETENTION_SECONDS)
+                    .arg(self.retention_s)
                     .arg(&receipt_json)
                     .arg(&event)
                     .invoke_async::<i64>(&mut connection)
@@ -410,8 +416,8 @@ impl RedisStore {
         let location = format!("obol:refusal:{}:{}", receipt.workspace, receipt.id);
         let json = serde_json::to_string(receipt).map_err(failed)?;
         let mut pipe = redis::pipe();
-        index_receipt(&mut pipe, receipt, &location);
-        pipe.set_ex(&location, json, RETENTION_SECONDS)
+        index_receipt(&mut pipe, receipt, &location, self.retention_s);
+        pipe.set_ex(&location, json, self.retention_s)
             .ignore()
             .cmd("XADD")
             .arg(format!("obol:refusals:{}", receipt.workspace))
@@ -513,7 +519,7 @@ impl RedisStore {
             .put_ticket
             .key(ticket_key(&ticket.id))
             .arg(serde_json::to_string(ticket).map_err(failed)?)
-            .arg(ticket.expires_at_ms + 3_600_000)
+            .arg(ticket.expires_at_ms + self.retention_s * 1000)
             .invoke_async(&mut connection)
             .await
             .map_err(failed)?;
@@ -539,7 +545,7 @@ impl RedisStore {
                 .arg("expires_at_ms")
                 .arg(ticket.expires_at_ms)
                 .ignore()
-                .expire(&stream, RETENTION_SECONDS as i64)
+                .expire(&stream, self.retention_s as i64)
                 .ignore()
                 // Marked only if the ticket still exists: one whose expiry already passed is
                 // gone by now, and an unconditional HSET would leave a fragment without a TTL
@@ -644,19 +650,17 @@ fn decode_claim_reply(reply: &[redis::Value]) -> Result<(i64, Option<String>), S
 /// Adds a receipt's pointer (`obol:receipt:{workspace}:{id}` → where it lives) and its
 /// listing entry to `pipe`. Written before the receipt itself: a reader that follows either
 /// to nothing skips it.
-fn index_receipt(pipe: &mut redis::Pipeline, receipt: &Receipt, location: &str) {
+fn index_receipt(pipe: &mut redis::Pipeline, receipt: &Receipt, location: &str, retention_s: u64) {
     let index = format!("obol:receipts:{}", receipt.workspace);
     let pointer = format!("obol:receipt:{}:{}", receipt.workspace, receipt.id);
-    let horizon = receipt
-        .finalized_at_ms
-        .saturating_sub(RETENTION_SECONDS * 1000);
-    pipe.set_ex(&pointer, location, RETENTION_SECONDS)
+    let horizon = receipt.finalized_at_ms.saturating_sub(retention_s * 1000);
+    pipe.set_ex(&pointer, location, retention_s)
         .ignore()
         .zadd(&index, &receipt.id, receipt.finalized_at_ms)
         .ignore()
         .zrembyscore(&index, 0, horizon)
         .ignore()
-        .expire(&index, RETENTION_SECONDS as i64)
+        .expire(&index, retention_s as i64)
         .ignore();
 }
 
