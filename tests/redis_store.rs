@@ -221,3 +221,64 @@ async fn the_redis_store_keeps_the_retention_policy() {
     );
     obol::store::contract::retention_is_one_policy(&store).await;
 }
+
+/// Issue 9: with `redis_replicas = 1`, a claim counts only once a replica acknowledged it:
+/// without the replica the call fails closed and nothing reaches the vendor; with it back,
+/// calls go through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_wait_for_a_replica_to_acknowledge_them() {
+    let primary = RedisServer::start();
+    let mut replica = RedisServer::replica_of(&primary);
+    let vendor = MockVendor::start().await;
+    let mut config = on_redis(&vendor, &primary);
+    config.store = Some(format!(
+        "redis_url = {:?}\nredis_replicas = 1\nredis_replica_timeout_ms = 300",
+        primary.url()
+    ));
+    let gateway = GatewayProcess::start(&config);
+    let client = McpClient::connect(&gateway.url, TOKEN).await;
+    // The replica syncs first; then calls go through.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match client.call("stripe.charges.list", json!({})).await {
+            Ok(result) if result.is_error == Some(false) => break,
+            _ => {
+                assert!(tokio::time::Instant::now() < deadline, "{}", gateway.log());
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    let sent = vendor.count("/repos/acme/app/issues");
+    replica.stop();
+    let k = key("replicated");
+    let keyed = McpClient::with_key(&gateway.url, TOKEN, &k).await;
+    let args = json!({"title": "unacknowledged"});
+    let (code, _, data) = keyed.call_err("tracker.issues.create", args.clone()).await;
+    let data = data.unwrap();
+    assert_eq!(
+        (code, data["type"].clone()),
+        (-32000, json!("store_unavailable"))
+    );
+    assert_eq!(
+        vendor.count("/repos/acme/app/issues"),
+        sent,
+        "sent without acknowledgement"
+    );
+    assert!(gateway.log().contains("replicas did not acknowledge"));
+    // The replica is back: the same key goes through once, and the attempt that was never
+    // sent was released, not counted.
+    replica.restart();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let done = loop {
+        match keyed.call("tracker.issues.create", args.clone()).await {
+            Ok(result) => break result,
+            Err(_) => {
+                assert!(tokio::time::Instant::now() < deadline, "{}", gateway.log());
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    assert_eq!(done.is_error, Some(false));
+    assert_eq!(meta(&done)["attempt_count"], json!(1));
+    assert_eq!(vendor.count("/repos/acme/app/issues"), sent + 1);
+}

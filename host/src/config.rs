@@ -74,6 +74,10 @@ pub struct StoreConfig {
     /// How long finalized claims, receipts, audit records and expired tickets are kept (both
     /// backends; at least 25 h, longer than an approval ticket lives).
     pub retention: Duration,
+    /// Redis only: how many replicas must acknowledge each write (`WAIT`), and for how long
+    /// the gateway waits for them before it fails the call closed.
+    pub redis_replicas: u32,
+    pub redis_replica_timeout: Duration,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -289,6 +293,9 @@ struct StoreFile {
     redis_url: Option<String>,
     lease_ms: Option<u64>,
     retention_hours: Option<u64>,
+    #[serde(default)]
+    redis_replicas: u32,
+    redis_replica_timeout_ms: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -814,6 +821,10 @@ impl Config {
                     }
                     Some(hours) => Duration::from_secs(hours * 3600),
                 },
+                redis_replicas: file.store.redis_replicas,
+                redis_replica_timeout: Duration::from_millis(
+                    file.store.redis_replica_timeout_ms.unwrap_or(500),
+                ),
             },
         })
     }

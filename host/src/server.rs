@@ -22,7 +22,8 @@ pub async fn open_store(config: &StoreConfig) -> anyhow::Result<Store> {
         StoreBackend::Redis(url) => {
             let store = RedisStore::connect(url)
                 .await?
-                .with_retention(config.retention);
+                .with_retention(config.retention)
+                .with_replicas(config.redis_replicas, config.redis_replica_timeout);
             tracing::info!("using the Redis store");
             Store::Redis(store)
         }

@@ -9,6 +9,8 @@ pub struct RedisServer {
     pub port: u16,
     dir: tempfile::TempDir,
     child: Option<Child>,
+    /// The primary this server replicates, if it is a replica.
+    primary: Option<u16>,
 }
 
 impl RedisServer {
@@ -23,6 +25,24 @@ impl RedisServer {
             port,
             dir: tempfile::tempdir().unwrap(),
             child: None,
+            primary: None,
+        };
+        server.restart();
+        server
+    }
+
+    /// A replica of `primary`, durable like it.
+    pub fn replica_of(primary: &RedisServer) -> RedisServer {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut server = RedisServer {
+            port,
+            dir: tempfile::tempdir().unwrap(),
+            child: None,
+            primary: Some(primary.port),
         };
         server.restart();
         server
@@ -45,6 +65,17 @@ impl RedisServer {
                 "--appendfsync",
                 "always",
             ])
+            .args(
+                self.primary
+                    .map(|port| {
+                        vec![
+                            "--replicaof".to_owned(),
+                            "127.0.0.1".to_owned(),
+                            port.to_string(),
+                        ]
+                    })
+                    .unwrap_or_default(),
+            )
             .arg("--dir")
             .arg(self.dir.path())
             .stdout(Stdio::null())

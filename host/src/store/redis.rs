@@ -97,6 +97,15 @@ pub struct RedisStore {
     /// How long finalized claims, receipts, audit entries and expired tickets are kept
     /// (every key carries it as its TTL; `[store] retention_hours`).
     retention_s: u64,
+    /// How many replicas must acknowledge a write before it counts (`[store] redis_replicas`).
+    replicas: Replicas,
+}
+
+/// The replica acknowledgement a write waits for before the gateway acts on it.
+#[derive(Debug, Clone, Copy)]
+struct Replicas {
+    count: u32,
+    timeout_ms: u64,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -142,6 +151,10 @@ impl RedisStore {
             decide_ticket: Arc::new(Script::new(DECIDE_TICKET)),
             syncs: Arc::new(AtomicU64::new(0)),
             retention_s: super::DEFAULT_RETENTION.as_secs(),
+            replicas: Replicas {
+                count: 0,
+                timeout_ms: 0,
+            },
         })
     }
 
@@ -151,7 +164,64 @@ impl RedisStore {
         self
     }
 
+    /// Counts a write as done only once `count` replicas acknowledged it (`WAIT`), waiting
+    /// at most `timeout`: a failover then cannot lose what the gateway acted on.
+    pub fn with_replicas(mut self, count: u32, timeout: Duration) -> RedisStore {
+        self.replicas = Replicas {
+            count,
+            timeout_ms: timeout.as_millis() as u64,
+        };
+        self
+    }
+
+    /// Waits for the configured replicas to acknowledge every write made so far on this
+    /// gateway's connection. Short of them, the write does not count: the caller fails closed.
+    async fn acknowledged(&self) -> Result<(), StoreError> {
+        if self.replicas.count == 0 {
+            return Ok(());
+        }
+        let mut connection = self.connection.clone();
+        let acked: u32 = redis::cmd("WAIT")
+            .arg(self.replicas.count)
+            .arg(self.replicas.timeout_ms)
+            .query_async(&mut connection)
+            .await
+            .map_err(failed)?;
+        if acked < self.replicas.count {
+            tracing::error!(
+                acked,
+                wanted = self.replicas.count,
+                "Redis replicas did not acknowledge a write; failing the call closed"
+            );
+            return Err(failed(format!(
+                "{acked} of {} Redis replicas acknowledged the write",
+                self.replicas.count
+            )));
+        }
+        Ok(())
+    }
+
     pub async fn claim(&self, key: &ClaimKey, record: &ClaimRecord) -> Result<Claim, StoreError> {
+        let claimed = self.claim_unacknowledged(key, record).await?;
+        if let Err(error) = self.acknowledged().await {
+            // Acquired but not acknowledged: nothing is sent, so the reserved attempt is
+            // released (best effort) rather than left to be settled as a possible effect.
+            if claimed == Claim::Acquired && record.reserved_lease().is_some() {
+                let released = record.release_unsent(crate::clock::now_ms());
+                let _ = self
+                    .transition_unacknowledged(key, record, &released, None)
+                    .await;
+            }
+            return Err(error);
+        }
+        Ok(claimed)
+    }
+
+    async fn claim_unacknowledged(
+        &self,
+        key: &ClaimKey,
+        record: &ClaimRecord,
+    ) -> Result<Claim, StoreError> {
         let (claim, _, _) = claim_key(key);
         let json = serde_json::to_string(record).map_err(failed)?;
         let mut connection = self.connection.clone();
@@ -231,6 +301,29 @@ impl RedisStore {
     }
 
     pub async fn transition(
+        &self,
+        key: &ClaimKey,
+        expected: &ClaimRecord,
+        next: &ClaimRecord,
+        receipt: Option<&Receipt>,
+    ) -> Result<bool, StoreError> {
+        let done = self
+            .transition_unacknowledged(key, expected, next, receipt)
+            .await?;
+        if done && let Err(error) = self.acknowledged().await {
+            // A reservation that does not count is not sent: it is released (best effort).
+            if next.reserved_lease().is_some() {
+                let released = next.release_unsent(crate::clock::now_ms());
+                let _ = self
+                    .transition_unacknowledged(key, next, &released, None)
+                    .await;
+            }
+            return Err(error);
+        }
+        Ok(done)
+    }
+
+    async fn transition_unacknowledged(
         &self,
         key: &ClaimKey,
         expected: &ClaimRecord,
@@ -499,6 +592,7 @@ impl RedisStore {
             true
         };
         self.syncs.fetch_add(1, Ordering::Relaxed);
+        self.acknowledged().await?;
         Ok(written)
     }
 
