@@ -282,3 +282,64 @@ async fn claims_wait_for_a_replica_to_acknowledge_them() {
     assert_eq!(meta(&done)["attempt_count"], json!(1));
     assert_eq!(vendor.count("/repos/acme/app/issues"), sent + 1);
 }
+
+/// Issue 9, failover: every claim a replica acknowledged survives the primary's loss. Calls
+/// made on the primary are replayed by a gateway on the promoted replica; none reaches the
+/// vendor twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_claims_survive_a_failover() {
+    let mut primary = RedisServer::start();
+    let replica = RedisServer::replica_of(&primary);
+    let vendor = MockVendor::start().await;
+    let mut config = on_redis(&vendor, &primary);
+    config.store = Some(format!(
+        "redis_url = {:?}\nredis_replicas = 1\nredis_replica_timeout_ms = 1000",
+        primary.url()
+    ));
+    let gateway = GatewayProcess::start(&config);
+    let keys: Vec<String> = (0..20).map(|n| key(&format!("failover{n:02}"))).collect();
+    let args = json!({"title": "failover"});
+    for k in &keys {
+        let client = McpClient::with_key(&gateway.url, TOKEN, k).await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        // The first calls may wait for the replica's initial sync.
+        loop {
+            match client.call("tracker.issues.create", args.clone()).await {
+                Ok(done) => {
+                    assert_eq!(meta(&done)["replayed"], json!(false));
+                    break;
+                }
+                Err(_) => {
+                    assert!(tokio::time::Instant::now() < deadline, "{}", gateway.log());
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+    }
+    assert_eq!(vendor.count("/repos/acme/app/issues"), 20);
+    // The primary dies; the replica is promoted, and a gateway serves from it.
+    drop(gateway);
+    primary.stop();
+    let client = redis::Client::open(replica.url()).unwrap();
+    let mut connection = client.get_connection().unwrap();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut connection)
+        .unwrap();
+    let promoted = on_redis(&vendor, &replica);
+    let gateway = GatewayProcess::start(&promoted);
+    for k in &keys {
+        let client = McpClient::with_key(&gateway.url, TOKEN, k).await;
+        let again = client
+            .call("tracker.issues.create", args.clone())
+            .await
+            .unwrap();
+        assert_eq!(meta(&again)["replayed"], json!(true), "{k} was lost");
+    }
+    assert_eq!(
+        vendor.count("/repos/acme/app/issues"),
+        20,
+        "a key reached the vendor twice"
+    );
+}
