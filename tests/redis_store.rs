@@ -343,3 +343,48 @@ async fn acknowledged_claims_survive_a_failover() {
         "a key reached the vendor twice"
     );
 }
+
+/// Issue 9: leases are judged on Redis's clock. A gateway whose clock runs a minute ahead
+/// (more than a lease) does not take a live call of another gateway for a dead one, so the
+/// call is not sent a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_with_a_skewed_clock_does_not_kill_a_live_call() {
+    let redis = RedisServer::start();
+    let vendor = MockVendor::start().await;
+    vendor.on(
+        "/v1/refunds",
+        Reply::json(200, json!({"id": "re_s", "object": "refund", "amount": 5, "charge": "ch_s", "status": "succeeded"}))
+            .after(Duration::from_millis(1200)),
+    );
+    let config = on_redis(&vendor, &redis);
+    let mut ahead = config.clone();
+    ahead.env = vec![("OBOL_CLOCK_OFFSET_MS".into(), "60000".into())];
+    let (a, b) = (
+        GatewayProcess::start(&config),
+        GatewayProcess::start(&ahead),
+    );
+    let k = key("skew");
+    let args = json!({"charge": "ch_s", "amount": 5});
+    let first = McpClient::with_key(&a.url, TOKEN, &k).await;
+    let pending = tokio::spawn({
+        let args = args.clone();
+        async move { first.call("stripe.create_refund", args).await }
+    });
+    while vendor.count("/v1/refunds") == 0 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // While A's call is on the wire, B (a minute ahead) sees the same slot.
+    let second = McpClient::with_key(&b.url, TOKEN, &k).await;
+    let (code, _, data) = second.call_err("stripe.create_refund", args.clone()).await;
+    let data = data.unwrap();
+    assert_eq!(
+        (code, data["type"].clone()),
+        (-32000, json!("not_ready")),
+        "{data}"
+    );
+    let done = pending.await.unwrap().unwrap();
+    assert_eq!(done.is_error, Some(false));
+    let replay = second.call("stripe.create_refund", args).await.unwrap();
+    assert_eq!(meta(&replay)["replayed"], json!(true));
+    assert_eq!(vendor.count("/v1/refunds"), 1, "a live call was sent again");
+}

@@ -33,18 +33,31 @@ if s and tonumber(s) <= tonumber(ARGV[2]) then redis.call('ZREM', KEYS[1], ARGV[
 return 0
 ";
 
-const CLAIM: &str = r"
+/// Leases live on the server's clock: a reservation stores `l`, the server time its lease
+/// ends (`TIME` + the remaining lease the gateway asks for), and every read returns `l` with
+/// the server's time, so a reader judges a lease by the server's clock, never its own. (Since
+/// Redis 7 scripts replicate their effects, so `TIME` in a script is allowed.)
+const NOW_MS: &str =
+    "local t = redis.call('TIME')\nlocal now = t[1] * 1000 + math.floor(t[2] / 1000)\n";
+
+const CLAIM_BODY: &str = r"
 local v = redis.call('HGET', KEYS[1], 'v')
-if v then return {1, redis.call('HGET', KEYS[1], 'r')} end
+if v then return {1, redis.call('HGET', KEYS[1], 'r'), redis.call('HGET', KEYS[1], 'l') or -1, now} end
 redis.call('HSET', KEYS[1], 'v', ARGV[2], 'r', ARGV[1])
+if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'l', now + tonumber(ARGV[4])) end
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 return {0}
+";
+
+/// A claim with its server-clock lease: `{r, l or -1, now}`.
+const GET_CLAIM_BODY: &str = r"
+return {redis.call('HGET', KEYS[1], 'r') or false, redis.call('HGET', KEYS[1], 'l') or -1, now}
 ";
 
 /// -1: the record is gone (never a lost race); 0: another version is stored; 1: done. The
 /// claim record is written last, so a script that fails part-way never leaves a finalized
 /// claim without its receipt.
-const TRANSITION: &str = r"
+const TRANSITION_BODY: &str = r"
 local v = redis.call('HGET', KEYS[1], 'v')
 if not v then return -1 end
 if tonumber(ARGV[2]) ~= tonumber(ARGV[1]) + 1 then
@@ -57,6 +70,11 @@ if ARGV[5] ~= '' then
   redis.call('EXPIRE', KEYS[3], ARGV[4])
 end
 redis.call('HSET', KEYS[1], 'v', ARGV[2], 'r', ARGV[3])
+if ARGV[7] ~= '' then
+  redis.call('HSET', KEYS[1], 'l', now + tonumber(ARGV[7]))
+else
+  redis.call('HDEL', KEYS[1], 'l')
+end
 redis.call('EXPIRE', KEYS[1], ARGV[4])
 return 1
 ";
@@ -90,6 +108,7 @@ pub struct RedisStore {
     connection: ConnectionManager,
     claim: Arc<Script>,
     transition: Arc<Script>,
+    get_claim: Arc<Script>,
     drop_lease: Arc<Script>,
     put_ticket: Arc<Script>,
     decide_ticket: Arc<Script>,
@@ -144,8 +163,9 @@ impl RedisStore {
         check_durability(&mut connection.clone()).await?;
         Ok(RedisStore {
             connection,
-            claim: Arc::new(Script::new(CLAIM)),
-            transition: Arc::new(Script::new(TRANSITION)),
+            claim: Arc::new(Script::new(&format!("{NOW_MS}{CLAIM_BODY}"))),
+            transition: Arc::new(Script::new(&format!("{NOW_MS}{TRANSITION_BODY}"))),
+            get_claim: Arc::new(Script::new(&format!("{NOW_MS}{GET_CLAIM_BODY}"))),
             drop_lease: Arc::new(Script::new(DROP_LEASE)),
             put_ticket: Arc::new(Script::new(PUT_TICKET)),
             decide_ticket: Arc::new(Script::new(DECIDE_TICKET)),
@@ -224,13 +244,15 @@ impl RedisStore {
     ) -> Result<Claim, StoreError> {
         let (claim, _, _) = claim_key(key);
         let json = serde_json::to_string(record).map_err(failed)?;
+        let remaining = remaining_lease(record);
         let mut connection = self.connection.clone();
         let invoke = |connection: &mut ConnectionManager| {
             let mut invocation = self.claim.key(&claim);
             invocation
                 .arg(&json)
                 .arg(record.version)
-                .arg(self.retention_s);
+                .arg(self.retention_s)
+                .arg(&remaining);
             let mut connection = connection.clone();
             async move {
                 invocation
@@ -256,6 +278,7 @@ impl RedisStore {
                     .arg(&json)
                     .arg(record.version)
                     .arg(self.retention_s)
+                    .arg(&remaining)
                     .query_async::<(Vec<redis::Value>,)>(&mut connection)
                     .await;
                 match piped {
@@ -280,22 +303,24 @@ impl RedisStore {
                     "a claim reply was lost ({error}); reading the claim to see what happened"
                 );
                 return match self.get(key).await? {
-                    Some(stored) if stored == *record => Ok(Claim::Acquired),
+                    Some(stored) if same_record(&stored, record) => Ok(Claim::Acquired),
                     Some(stored) => Ok(Claim::Existing(Box::new(stored))),
                     None => Err(failed(error)),
                 };
             }
             other => other,
         };
-        let (found, existing): (i64, Option<String>) = reply
+        let (found, existing, lease_end, server_now) = reply
             .map(|reply| decode_claim_reply(&reply))
             .map_err(failed)??;
         self.syncs.fetch_add(1, Ordering::Relaxed);
         match (found, existing) {
             (0, _) => Ok(Claim::Acquired),
-            (_, Some(json)) => Ok(Claim::Existing(Box::new(
+            (_, Some(json)) => Ok(Claim::Existing(Box::new(on_local_clock(
                 serde_json::from_str(&json).map_err(failed)?,
-            ))),
+                lease_end,
+                server_now,
+            )))),
             _ => Err(failed("claim script returned no record")),
         }
     }
@@ -343,6 +368,7 @@ impl RedisStore {
             .map(|r| super::audit_event(r).to_string())
             .unwrap_or_default();
         let next_json = serde_json::to_string(next).map_err(failed)?;
+        let remaining = remaining_lease(next);
         let mut connection = self.connection.clone();
         let mut pipe = redis::pipe();
         // Everything outside the claim's hash tag goes in the same round trip, before the
@@ -372,7 +398,8 @@ impl RedisStore {
             .arg(&next_json)
             .arg(self.retention_s)
             .arg(&receipt_json)
-            .arg(&event);
+            .arg(&event)
+            .arg(&remaining);
         // A claim leaving `Reserved` drops its lease index entry in the same round trip. It
         // runs whatever the script decided, and is harmless when the script refused: it drops
         // only an entry no later than the lease this transition started from, never the entry
@@ -402,6 +429,7 @@ impl RedisStore {
                     .arg(self.retention_s)
                     .arg(&receipt_json)
                     .arg(&event)
+                    .arg(&remaining)
                     .invoke_async::<i64>(&mut connection)
                     .await
             }
@@ -436,7 +464,7 @@ impl RedisStore {
     ) -> Result<bool, StoreError> {
         tracing::warn!("a store reply was lost ({cause}); reading the claim to see what happened");
         match self.get(key).await? {
-            Some(stored) if stored == *next => Ok(true),
+            Some(stored) if same_record(&stored, next) => Ok(true),
             Some(stored) if stored.version == expected.version => Err(failed(cause)),
             Some(_) => Ok(false),
             None => Err(super::gone(&key.slot())),
@@ -469,18 +497,13 @@ impl RedisStore {
             .map_err(failed)?;
         let mut out = Vec::new();
         for (slot, score) in entries {
-            let json: Option<String> = connection
-                .hget(format!("obol:{{{slot}}}:claim"), "r")
-                .await
-                .map_err(failed)?;
-            let record = match json.map(|j| serde_json::from_str::<ClaimRecord>(&j)) {
-                Some(Ok(record)) => Some(record),
+            let record = match self.get_slot(&slot).await {
+                Ok(record) => record,
                 // One unreadable record must not stop the sweep of every other.
-                Some(Err(error)) => {
-                    tracing::error!("the sweeper skips a claim that does not decode: {error}");
+                Err(error) => {
+                    tracing::error!("the sweeper skips a claim it cannot read: {error}");
                     continue;
                 }
-                None => None,
             };
             match record {
                 Some(record) if record.holder_died(now_ms) => out.push((slot, record)),
@@ -529,11 +552,24 @@ impl RedisStore {
     }
 
     pub async fn get(&self, key: &ClaimKey) -> Result<Option<ClaimRecord>, StoreError> {
-        let (claim, _, _) = claim_key(key);
+        self.get_slot(&key.slot()).await
+    }
+
+    /// A claim by its slot, with its lease on the reader's clock.
+    async fn get_slot(&self, slot: &str) -> Result<Option<ClaimRecord>, StoreError> {
         let mut connection = self.connection.clone();
-        let json: Option<String> = connection.hget(claim, "r").await.map_err(failed)?;
-        json.map(|j| serde_json::from_str(&j).map_err(failed))
-            .transpose()
+        let (json, lease_end, server_now): (Option<String>, i64, i64) = self
+            .get_claim
+            .key(format!("obol:{{{slot}}}:claim"))
+            .invoke_async(&mut connection)
+            .await
+            .map_err(failed)?;
+        json.map(|j| {
+            serde_json::from_str(&j)
+                .map(|record| on_local_clock(record, lease_end, server_now))
+                .map_err(failed)
+        })
+        .transpose()
     }
 
     pub async fn receipt(&self, workspace: &str, id: &str) -> Result<Option<Receipt>, StoreError> {
@@ -728,17 +764,54 @@ impl RedisStore {
     }
 }
 
-fn decode_claim_reply(reply: &[redis::Value]) -> Result<(i64, Option<String>), StoreError> {
-    let found = match reply.first() {
-        Some(redis::Value::Int(n)) => *n,
-        _ => return Err(failed("unexpected claim script reply")),
+/// The claim script's reply: (found, the existing record, its server-clock lease end or -1,
+/// the server's time).
+fn decode_claim_reply(
+    reply: &[redis::Value],
+) -> Result<(i64, Option<String>, i64, i64), StoreError> {
+    let int = |at: usize| match reply.get(at) {
+        Some(redis::Value::Int(n)) => Some(*n),
+        Some(redis::Value::BulkString(bytes)) => String::from_utf8_lossy(bytes).parse().ok(),
+        _ => None,
     };
+    let found = int(0).ok_or_else(|| failed("unexpected claim script reply"))?;
     let record = match reply.get(1) {
         Some(redis::Value::BulkString(bytes)) => Some(String::from_utf8_lossy(bytes).into_owned()),
         Some(redis::Value::SimpleString(text)) => Some(text.clone()),
         _ => None,
     };
-    Ok((found, record))
+    Ok((found, record, int(2).unwrap_or(-1), int(3).unwrap_or(0)))
+}
+
+/// What is left of a reservation's lease, for the script to stamp on the server's clock;
+/// empty when nothing is reserved.
+fn remaining_lease(record: &ClaimRecord) -> String {
+    record
+        .reserved_lease()
+        .map(|until| until.saturating_sub(crate::clock::now_ms()).to_string())
+        .unwrap_or_default()
+}
+
+/// Puts a lease stamped on the server's clock onto this gateway's clock: what is left of it,
+/// by the server, from now, by us. A gateway whose clock runs ahead or behind the writer's
+/// therefore judges the lease as the server does. Within a second of the written value (the
+/// writer's clock agrees) the record is returned as written.
+fn on_local_clock(mut record: ClaimRecord, lease_end: i64, server_now: i64) -> ClaimRecord {
+    if lease_end >= 0 && server_now > 0 {
+        let local = (crate::clock::now_ms() as i64 + (lease_end - server_now)).max(0) as u64;
+        if local.abs_diff(record.lease_until_ms) > 1000 {
+            record.lease_until_ms = local;
+        }
+    }
+    record
+}
+
+/// The same record, leases aside (they are re-stamped on the reader's clock).
+fn same_record(stored: &ClaimRecord, written: &ClaimRecord) -> bool {
+    stored.version == written.version
+        && stored.receipt_id == written.receipt_id
+        && stored.state == written.state
+        && stored.attempts == written.attempts
 }
 
 /// Adds a receipt's pointer (`obol:receipt:{workspace}:{id}` → where it lives) and its
