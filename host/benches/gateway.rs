@@ -65,6 +65,15 @@ struct Redis {
 
 impl Redis {
     fn start() -> Redis {
+        Redis::start_with(&[])
+    }
+
+    /// A durable replica of `primary` (for the cost of waiting for its acknowledgement).
+    fn replica_of(primary: &Redis) -> Redis {
+        Redis::start_with(&["--replicaof", "127.0.0.1", &primary.port.to_string()])
+    }
+
+    fn start_with(extra: &[&str]) -> Redis {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -80,7 +89,9 @@ impl Redis {
                 "--save",
                 "",
             ])
-            .args(["--appendonly", "yes", "--appendfsync", "always", "--dir"])
+            .args(["--appendonly", "yes", "--appendfsync", "always"])
+            .args(extra)
+            .arg("--dir")
             .arg(dir.path())
             .stdout(std::process::Stdio::null())
             .spawn()
@@ -113,6 +124,53 @@ async fn store_alone(redis: &Redis) {
     use obol::idempotency::{IdempotencyKey, RequestHash};
     use obol::store::*;
     let dir = tempfile::tempdir().unwrap();
+    // A second primary with a replica: what waiting for a replica's acknowledgement costs.
+    let replicated = Redis::start();
+    let _replica = Redis::replica_of(&replicated);
+    let waiting = RedisStore::connect(&replicated.url())
+        .await
+        .unwrap()
+        .with_replicas(1, Duration::from_secs(1));
+    // The replica's first sync happens before the figures are taken.
+    while waiting
+        .claim(
+            &ClaimKey {
+                workspace: "bench".into(),
+                connection: ConnectionSegment::Resolved("warmup".into()),
+                tool: "t.x".into(),
+                key: IdempotencyKey::mint(),
+            },
+            &ClaimRecord::open(
+                Pin::new(
+                    RequestHash::of_arguments(&json!({})),
+                    PinnedBinding::None,
+                    "w".into(),
+                ),
+                Holder {
+                    workspace: "bench".into(),
+                    connection: "warmup".into(),
+                    tool: "t.x".into(),
+                    idempotency_key: "idt_warmup".into(),
+                    key_hash: String::new(),
+                    key_name: "bench".into(),
+                    publication: None,
+                    policies: Vec::new(),
+                    approval: ApprovalBasis::NotRequired,
+                    evidence: EvidenceClass::GatewayObserved,
+                },
+                Opening::Reserved {
+                    lease_until_ms: now_ms() + 60_000,
+                },
+                "rcp_warmup".into(),
+                KeySource::Minted,
+                now_ms(),
+            ),
+        )
+        .await
+        .is_err()
+    {
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let stores = [
         (
             "embedded (redb, fsync)",
@@ -122,6 +180,7 @@ async fn store_alone(redis: &Redis) {
             "redis (AOF always)",
             Store::Redis(RedisStore::connect(&redis.url()).await.unwrap()),
         ),
+        ("redis + WAIT 1 replica", Store::Redis(waiting)),
     ];
     println!("idempotency store alone: claim+reserve, finalize+receipt+audit per call");
     println!(
@@ -468,11 +527,18 @@ async fn end_to_end(redis: &Redis) {
         hex::encode(obol::approvals::token::generate_signing_key().to_bytes()),
     )
     .unwrap();
+    // A primary whose writes wait for one replica's acknowledgement.
+    let replicated = Redis::start();
+    let _replica = Redis::replica_of(&replicated);
     let mut urls = Vec::new();
     for store in [
         format!("path = {:?}", dir.path().join("obol.redb")),
         format!("redis_url = {:?}", redis.url()),
         "volatile = true".to_owned(),
+        format!(
+            "redis_url = {:?}\n        redis_replicas = 1\n        redis_replica_timeout_ms = 1000",
+            replicated.url()
+        ),
     ] {
         let toml = format!(
             r#"
@@ -504,10 +570,11 @@ async fn end_to_end(redis: &Redis) {
         urls.push(format!("http://{}/mcp", listener.local_addr().unwrap()));
         tokio::spawn(async move { obol::server::serve(config, listener).await.unwrap() });
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     let gateway_url = urls[0].clone();
     let redis_url = urls[1].clone();
     let volatile_url = urls[2].clone();
+    let replicated_url = urls[3].clone();
 
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(64)
@@ -516,6 +583,7 @@ async fn end_to_end(redis: &Redis) {
     let session = initialize(&http, &gateway_url).await;
     let redis_session = initialize(&http, &redis_url).await;
     let volatile_session = initialize(&http, &volatile_url).await;
+    let replicated_session = initialize(&http, &replicated_url).await;
 
     let direct_url = format!("http://{vendor_address}/v1/charges?limit=2");
     let call_body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
@@ -587,6 +655,16 @@ async fn end_to_end(redis: &Redis) {
         )
         .await;
         print_row(&format!("Obol, claims in RAM  c={concurrency}"), &v);
+        let w = load(
+            concurrency,
+            through_at(
+                replicated_url.clone(),
+                replicated_session.clone(),
+                call_body.clone(),
+            ),
+        )
+        .await;
+        print_row(&format!("Obol, Redis + WAIT 1 c={concurrency}"), &w);
         println!(
             "  -> Obol adds to p50 / throughput vs direct: embedded {} / {:.0} %, Redis {} / {:.0} %, no durability {} / {:.0} %",
             us(o.p50.saturating_sub(d.p50)),
