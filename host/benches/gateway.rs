@@ -584,6 +584,30 @@ async fn end_to_end(redis: &Redis) {
     let redis_session = initialize(&http, &redis_url).await;
     let volatile_session = initialize(&http, &volatile_url).await;
     let replicated_session = initialize(&http, &replicated_url).await;
+    // Until the replica has synced, writes are refused (fail closed); wait for the first success.
+    for _ in 0..100 {
+        let text = http
+            .post(&replicated_url)
+            .header("authorization", format!("Bearer {TOKEN}"))
+            .header("mcp-session-id", &replicated_session)
+            .header("accept", "application/json, text/event-stream")
+            .header("content-type", "application/json")
+            .body(
+                json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                    "params": {"name": "stripe.charges.list", "arguments": {"limit": 2}}})
+                .to_string(),
+            )
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if text.contains("\"result\"") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 
     let direct_url = format!("http://{vendor_address}/v1/charges?limit=2");
     let call_body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
