@@ -206,6 +206,44 @@ async fn a_redis_that_could_lose_claims_is_refused_at_start() {
     let gateway = GatewayProcess::start(&config);
     let client = McpClient::connect(&gateway.url, TOKEN).await;
     assert!(!client.tool_names().await.is_empty());
+    // Made unsafe while serving (as a restart with other settings would): claims fail closed
+    // once the next check (every 2 s) sees it, and resume when it is fixed.
+    set("appendfsync", "everysec");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(8);
+    loop {
+        match client
+            .call("tracker.issues.create", json!({"title": "unsafe"}))
+            .await
+        {
+            Err(rmcp::ServiceError::McpError(error))
+                if error.data.as_ref().map(|d| d["type"].clone())
+                    == Some(json!("store_unavailable")) =>
+            {
+                break;
+            }
+            _ => {
+                assert!(tokio::time::Instant::now() < deadline, "{}", gateway.log());
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    let sent = vendor.count("/repos/acme/app/issues");
+    let (_, _, data) = client
+        .call_err("tracker.issues.create", json!({"title": "still unsafe"}))
+        .await;
+    assert_eq!(data.unwrap()["type"], json!("store_unavailable"));
+    assert_eq!(vendor.count("/repos/acme/app/issues"), sent);
+    assert!(gateway.log().contains("appendfsync"));
+    set("appendfsync", "always");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(8);
+    while client
+        .call("tracker.issues.create", json!({"title": "safe again"}))
+        .await
+        .is_err()
+    {
+        assert!(tokio::time::Instant::now() < deadline, "{}", gateway.log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// Issue 9: the retention is one policy, the same on Redis as embedded (the contract's

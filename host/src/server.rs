@@ -70,6 +70,10 @@ pub async fn serve(config: Config, listener: TcpListener) -> anyhow::Result<()> 
             let mut ticks = tokio::time::interval(crate::admin::REGISTRY_POLL);
             loop {
                 ticks.tick().await;
+                // A Redis restarted (or failed over) with unsafe settings is refused again.
+                if let Store::Redis(redis) = &poller.services.store {
+                    redis.recheck_durability().await;
+                }
                 match poller.refresh_registry().await {
                     Ok(()) => {
                         let warming = Arc::clone(&poller);

@@ -118,6 +118,9 @@ pub struct RedisStore {
     retention_s: u64,
     /// How many replicas must acknowledge a write before it counts (`[store] redis_replicas`).
     replicas: Replicas,
+    /// Why the server's settings are unsafe, when the last check found them so: until a check
+    /// finds them safe again, no claim is made.
+    unsafe_settings: Arc<std::sync::Mutex<Option<String>>>,
 }
 
 /// The replica acknowledgement a write waits for before the gateway acts on it.
@@ -175,6 +178,7 @@ impl RedisStore {
                 count: 0,
                 timeout_ms: 0,
             },
+            unsafe_settings: Arc::default(),
         })
     }
 
@@ -221,7 +225,32 @@ impl RedisStore {
         Ok(())
     }
 
+    /// Checks the server's persistence and eviction settings again (a Redis restarted or
+    /// failed over may come back with others); while they are unsafe, claims fail closed.
+    pub async fn recheck_durability(&self) {
+        let verdict = check_durability(&mut self.connection.clone()).await;
+        let mut unsafe_settings = self.unsafe_settings.lock().expect("settings lock");
+        match verdict {
+            Ok(()) => {
+                if unsafe_settings.take().is_some() {
+                    tracing::info!("Redis settings are safe again; claims resume");
+                }
+            }
+            // Unreachable is not unsafe: calls fail closed on their own then.
+            Err(error) if error.0.starts_with("could not read") => {}
+            Err(error) => {
+                if unsafe_settings.is_none() {
+                    tracing::error!("{error}; refusing claims until it is fixed");
+                }
+                *unsafe_settings = Some(error.0);
+            }
+        }
+    }
+
     pub async fn claim(&self, key: &ClaimKey, record: &ClaimRecord) -> Result<Claim, StoreError> {
+        if let Some(reason) = self.unsafe_settings.lock().expect("settings lock").clone() {
+            return Err(StoreError(reason));
+        }
         let claimed = self.claim_unacknowledged(key, record).await?;
         if let Err(error) = self.acknowledged().await {
             // Acquired but not acknowledged: nothing is sent, so the reserved attempt is
