@@ -130,7 +130,9 @@ async fn store_alone(redis: &Redis) {
     let waiting = RedisStore::connect(&replicated.url())
         .await
         .unwrap()
-        .with_replicas(1, Duration::from_secs(1));
+        .with_replicas(1, Duration::from_secs(1))
+        .await
+        .unwrap();
     // The replica's first sync happens before the figures are taken.
     while waiting
         .claim(

@@ -23,7 +23,8 @@ pub async fn open_store(config: &StoreConfig) -> anyhow::Result<Store> {
             let store = RedisStore::connect(url)
                 .await?
                 .with_retention(config.retention)
-                .with_replicas(config.redis_replicas, config.redis_replica_timeout);
+                .with_replicas(config.redis_replicas, config.redis_replica_timeout)
+                .await?;
             tracing::info!("using the Redis store");
             Store::Redis(store)
         }

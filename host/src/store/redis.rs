@@ -105,7 +105,11 @@ return 2
 
 #[derive(Clone)]
 pub struct RedisStore {
-    connection: ConnectionManager,
+    /// One multiplexed connection, or (with replicas) a few: `WAIT` holds up the connection
+    /// it is sent on until the replicas catch up, so each write waits on its own connection.
+    connections: Arc<Vec<ConnectionManager>>,
+    next_connection: Arc<std::sync::atomic::AtomicUsize>,
+    client: Arc<redis::Client>,
     claim: Arc<Script>,
     transition: Arc<Script>,
     get_claim: Arc<Script>,
@@ -136,6 +140,16 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
+/// A call must fail closed quickly when Redis is down, rather than queue behind reconnect
+/// attempts: the client retries, the gateway never guesses.
+fn manager_config() -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(2)))
+        .set_response_timeout(Some(Duration::from_secs(2)))
+        .set_number_of_retries(1)
+        .set_max_delay(Duration::from_millis(200))
+}
+
 fn failed(error: impl std::fmt::Display) -> StoreError {
     StoreError(error.to_string())
 }
@@ -153,19 +167,14 @@ impl RedisStore {
     /// Connects; fails fast when Redis is unreachable.
     pub async fn connect(url: &str) -> Result<RedisStore, StoreError> {
         let client = redis::Client::open(url).map_err(|e| failed(redact(&e.to_string(), url)))?;
-        // A call must fail closed quickly when Redis is down, rather than queue behind
-        // reconnect attempts: the client retries, the gateway never guesses.
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(2)))
-            .set_response_timeout(Some(Duration::from_secs(2)))
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_millis(200));
-        let connection = ConnectionManager::new_with_config(client, config)
+        let connection = ConnectionManager::new_with_config(client.clone(), manager_config())
             .await
             .map_err(|e| failed(redact(&e.to_string(), url)))?;
         check_durability(&mut connection.clone()).await?;
         Ok(RedisStore {
-            connection,
+            connections: Arc::new(vec![connection]),
+            next_connection: Arc::default(),
+            client: Arc::new(client),
             claim: Arc::new(Script::new(&format!("{NOW_MS}{CLAIM_BODY}"))),
             transition: Arc::new(Script::new(&format!("{NOW_MS}{TRANSITION_BODY}"))),
             get_claim: Arc::new(Script::new(&format!("{NOW_MS}{GET_CLAIM_BODY}"))),
@@ -189,26 +198,48 @@ impl RedisStore {
     }
 
     /// Counts a write as done only once `count` replicas acknowledged it (`WAIT`), waiting
-    /// at most `timeout`: a failover then cannot lose what the gateway acted on.
-    pub fn with_replicas(mut self, count: u32, timeout: Duration) -> RedisStore {
+    /// at most `timeout`: a failover then cannot lose what the gateway acted on. Opens a few
+    /// more connections, so that concurrent writes wait side by side.
+    pub async fn with_replicas(
+        mut self,
+        count: u32,
+        timeout: Duration,
+    ) -> Result<RedisStore, StoreError> {
+        const POOL: usize = 8;
         self.replicas = Replicas {
             count,
             timeout_ms: timeout.as_millis() as u64,
         };
-        self
+        if count > 0 {
+            let mut connections = Vec::with_capacity(POOL);
+            for _ in 0..POOL {
+                connections.push(
+                    ConnectionManager::new_with_config((*self.client).clone(), manager_config())
+                        .await
+                        .map_err(failed)?,
+                );
+            }
+            self.connections = Arc::new(connections);
+        }
+        Ok(self)
+    }
+
+    /// The next connection, round robin.
+    fn connection(&self) -> ConnectionManager {
+        let at = self.next_connection.fetch_add(1, Ordering::Relaxed) % self.connections.len();
+        self.connections[at].clone()
     }
 
     /// Waits for the configured replicas to acknowledge every write made so far on this
     /// gateway's connection. Short of them, the write does not count: the caller fails closed.
-    async fn acknowledged(&self) -> Result<(), StoreError> {
+    async fn acknowledged(&self, connection: &mut ConnectionManager) -> Result<(), StoreError> {
         if self.replicas.count == 0 {
             return Ok(());
         }
-        let mut connection = self.connection.clone();
         let acked: u32 = redis::cmd("WAIT")
             .arg(self.replicas.count)
             .arg(self.replicas.timeout_ms)
-            .query_async(&mut connection)
+            .query_async(connection)
             .await
             .map_err(failed)?;
         if acked < self.replicas.count {
@@ -228,7 +259,7 @@ impl RedisStore {
     /// Checks the server's persistence and eviction settings again (a Redis restarted or
     /// failed over may come back with others); while they are unsafe, claims fail closed.
     pub async fn recheck_durability(&self) {
-        let verdict = check_durability(&mut self.connection.clone()).await;
+        let verdict = check_durability(&mut self.connection()).await;
         let mut unsafe_settings = self.unsafe_settings.lock().expect("settings lock");
         match verdict {
             Ok(()) => {
@@ -251,14 +282,15 @@ impl RedisStore {
         if let Some(reason) = self.unsafe_settings.lock().expect("settings lock").clone() {
             return Err(StoreError(reason));
         }
-        let claimed = self.claim_unacknowledged(key, record).await?;
-        if let Err(error) = self.acknowledged().await {
+        let mut connection = self.connection();
+        let claimed = self.claim_unacknowledged(key, record, &connection).await?;
+        if let Err(error) = self.acknowledged(&mut connection).await {
             // Acquired but not acknowledged: nothing is sent, so the reserved attempt is
             // released (best effort) rather than left to be settled as a possible effect.
             if claimed == Claim::Acquired && record.reserved_lease().is_some() {
                 let released = record.release_unsent(crate::clock::now_ms());
                 let _ = self
-                    .transition_unacknowledged(key, record, &released, None)
+                    .transition_unacknowledged(key, record, &released, None, &connection)
                     .await;
             }
             return Err(error);
@@ -270,11 +302,12 @@ impl RedisStore {
         &self,
         key: &ClaimKey,
         record: &ClaimRecord,
+        connection: &ConnectionManager,
     ) -> Result<Claim, StoreError> {
         let (claim, _, _) = claim_key(key);
         let json = serde_json::to_string(record).map_err(failed)?;
         let remaining = remaining_lease(record);
-        let mut connection = self.connection.clone();
+        let mut connection = connection.clone();
         let invoke = |connection: &mut ConnectionManager| {
             let mut invocation = self.claim.key(&claim);
             invocation
@@ -361,15 +394,16 @@ impl RedisStore {
         next: &ClaimRecord,
         receipt: Option<&Receipt>,
     ) -> Result<bool, StoreError> {
+        let mut connection = self.connection();
         let done = self
-            .transition_unacknowledged(key, expected, next, receipt)
+            .transition_unacknowledged(key, expected, next, receipt, &connection)
             .await?;
-        if done && let Err(error) = self.acknowledged().await {
+        if done && let Err(error) = self.acknowledged(&mut connection).await {
             // A reservation that does not count is not sent: it is released (best effort).
             if next.reserved_lease().is_some() {
                 let released = next.release_unsent(crate::clock::now_ms());
                 let _ = self
-                    .transition_unacknowledged(key, next, &released, None)
+                    .transition_unacknowledged(key, next, &released, None, &connection)
                     .await;
             }
             return Err(error);
@@ -383,6 +417,7 @@ impl RedisStore {
         expected: &ClaimRecord,
         next: &ClaimRecord,
         receipt: Option<&Receipt>,
+        connection: &ConnectionManager,
     ) -> Result<bool, StoreError> {
         if next.version != expected.version + 1 {
             return Err(super::version_step(expected.version, next.version));
@@ -398,7 +433,7 @@ impl RedisStore {
             .unwrap_or_default();
         let next_json = serde_json::to_string(next).map_err(failed)?;
         let remaining = remaining_lease(next);
-        let mut connection = self.connection.clone();
+        let mut connection = connection.clone();
         let mut pipe = redis::pipe();
         // Everything outside the claim's hash tag goes in the same round trip, before the
         // script: the lease index entry of a new reservation (so a reserved claim always has
@@ -503,7 +538,7 @@ impl RedisStore {
     /// Drops `slot`'s lease index entry if its lease is no later than `until_ms` (a newer
     /// reservation's entry stays).
     async fn drop_lease(&self, slot: &str, until_ms: u64) -> Result<(), StoreError> {
-        let mut connection = self.connection.clone();
+        let mut connection = self.connection();
         self.drop_lease
             .key(LEASES)
             .arg(slot)
@@ -519,7 +554,7 @@ impl RedisStore {
         now_ms: u64,
         limit: usize,
     ) -> Result<Vec<(String, ClaimRecord)>, StoreError> {
-        let mut connection = self.connection.clone();
+        let mut connection = self.connection();
         let entries: Vec<(String, f64)> = connection
             .zrangebyscore_limit_withscores(LEASES, 0, now_ms, 0, limit as isize)
             .await
@@ -557,7 +592,7 @@ impl RedisStore {
 
     /// A refused call's receipt: no claim, so it lives under its own key.
     pub async fn record_refusal(&self, receipt: &Receipt) -> Result<(), StoreError> {
-        let mut connection = self.connection.clone();
+        let mut connection = self.connection();
         let location = format!("obol:refusal:{}:{}", receipt.workspace, receipt.id);
         let json = serde_json::to_string(receipt).map_err(failed)?;
         let mut pipe = redis::pipe();
@@ -586,7 +621,7 @@ impl RedisStore {
 
     /// A claim by its slot, with its lease on the reader's clock.
     async fn get_slot(&self, slot: &str) -> Result<Option<ClaimRecord>, StoreError> {
-        let mut connection = self.connection.clone();
+        let mut connection = self.connection();
         let (json, lease_end, server_now): (Option<String>, i64, i64) = self
             .get_claim
             .key(format!("obol:{{{slot}}}:claim"))
@@ -602,7 +637,7 @@ impl RedisStore {
     }
 
     pub async fn receipt(&self, workspace: &str, id: &str) -> Result<Option<Receipt>, StoreError> {
-        let mut connection = self.connection.clone();
+        let mut connection = self.connection();
         let pointer: Option<String> = connection
             .get(format!("obol:receipt:{workspace}:{id}"))
             .await
@@ -624,7 +659,7 @@ impl RedisStore {
         workspace: &str,
         limit: usize,
     ) -> Result<Vec<Receipt>, StoreError> {
-        let mut connection = self.connection.clone();
+        let mut connection = self.connection();
         let ids: Vec<String> = connection
             .zrevrange(format!("obol:receipts:{workspace}"), 0, limit as isize - 1)
             .await
@@ -645,7 +680,7 @@ impl RedisStore {
         value: &str,
         mode: RegistryWrite,
     ) -> Result<bool, StoreError> {
-        let mut connection = self.connection.clone();
+        let mut connection = self.connection();
         let hash = format!("obol:registry:{}", registry.as_str());
         let written: bool = if mode == RegistryWrite::InsertOnly {
             connection
@@ -657,7 +692,7 @@ impl RedisStore {
             true
         };
         self.syncs.fetch_add(1, Ordering::Relaxed);
-        self.acknowledged().await?;
+        self.acknowledged(&mut connection).await?;
         Ok(written)
     }
 
@@ -665,7 +700,7 @@ impl RedisStore {
         &self,
         registry: Registry,
     ) -> Result<std::collections::BTreeMap<String, String>, StoreError> {
-        let mut connection = self.connection.clone();
+        let mut connection = self.connection();
         connection
             .hgetall(format!("obol:registry:{}", registry.as_str()))
             .await
@@ -673,7 +708,7 @@ impl RedisStore {
     }
 
     pub async fn put_ticket(&self, ticket: &Ticket) -> Result<(), StoreError> {
-        let mut connection = self.connection.clone();
+        let mut connection = self.connection();
         let created: i64 = self
             .put_ticket
             .key(ticket_key(&ticket.id))
@@ -722,14 +757,14 @@ impl RedisStore {
     }
 
     pub async fn ticket(&self, id: &ApprovalId) -> Result<Option<Ticket>, StoreError> {
-        let mut connection = self.connection.clone();
+        let mut connection = self.connection();
         let json: Option<String> = connection.hget(ticket_key(id), "t").await.map_err(failed)?;
         json.map(|j| serde_json::from_str(&j).map_err(failed))
             .transpose()
     }
 
     pub async fn tickets(&self, workspace: &str, limit: usize) -> Result<Vec<Ticket>, StoreError> {
-        let mut connection = self.connection.clone();
+        let mut connection = self.connection();
         let entries: redis::Value = redis::cmd("XREVRANGE")
             .arg(format!("obol:approvals:{workspace}"))
             .arg("+")
@@ -768,7 +803,7 @@ impl RedisStore {
             Decision::Approved => "approved",
             Decision::Denied => "denied",
         };
-        let mut connection = self.connection.clone();
+        let mut connection = self.connection();
         let done: i64 = self
             .decide_ticket
             .key(ticket_key(id))
