@@ -232,16 +232,23 @@ impl RedisStore {
 
     /// Waits for the configured replicas to acknowledge every write made so far on this
     /// gateway's connection. Short of them, the write does not count: the caller fails closed.
-    async fn acknowledged(&self, connection: &mut ConnectionManager) -> Result<(), StoreError> {
+    async fn acknowledged(
+        &self,
+        connection: &mut ConnectionManager,
+        pipelined: Option<u32>,
+    ) -> Result<(), StoreError> {
         if self.replicas.count == 0 {
             return Ok(());
         }
-        let acked: u32 = redis::cmd("WAIT")
-            .arg(self.replicas.count)
-            .arg(self.replicas.timeout_ms)
-            .query_async(connection)
-            .await
-            .map_err(failed)?;
+        let acked: u32 = match pipelined {
+            Some(acked) => acked,
+            None => redis::cmd("WAIT")
+                .arg(self.replicas.count)
+                .arg(self.replicas.timeout_ms)
+                .query_async(connection)
+                .await
+                .map_err(failed)?,
+        };
         if acked < self.replicas.count {
             tracing::error!(
                 acked,
@@ -283,8 +290,8 @@ impl RedisStore {
             return Err(StoreError(reason));
         }
         let mut connection = self.connection();
-        let claimed = self.claim_unacknowledged(key, record, &connection).await?;
-        if let Err(error) = self.acknowledged(&mut connection).await {
+        let (claimed, pipelined) = self.claim_unacknowledged(key, record, &connection).await?;
+        if let Err(error) = self.acknowledged(&mut connection, pipelined).await {
             // Acquired but not acknowledged: nothing is sent, so the reserved attempt is
             // released (best effort) rather than left to be settled as a possible effect.
             if claimed == Claim::Acquired && record.reserved_lease().is_some() {
@@ -303,8 +310,10 @@ impl RedisStore {
         key: &ClaimKey,
         record: &ClaimRecord,
         connection: &ConnectionManager,
-    ) -> Result<Claim, StoreError> {
+    ) -> Result<(Claim, Option<u32>), StoreError> {
         let (claim, _, _) = claim_key(key);
+        // The replicas' acknowledgement, when it rides in the claim's own round trip.
+        let mut pipelined = None;
         let json = serde_json::to_string(record).map_err(failed)?;
         let remaining = remaining_lease(record);
         let mut connection = connection.clone();
@@ -326,8 +335,8 @@ impl RedisStore {
             // The lease index entry and the claim in one round trip: the entry first, so a
             // claim is never reserved without one (a stale entry is dropped by the sweeper).
             Some(until) => {
-                let piped = redis::pipe()
-                    .cmd("ZADD")
+                let mut pipe = redis::pipe();
+                pipe.cmd("ZADD")
                     .arg(LEASES)
                     .arg("GT")
                     .arg(until)
@@ -340,11 +349,33 @@ impl RedisStore {
                     .arg(&json)
                     .arg(record.version)
                     .arg(self.retention_s)
-                    .arg(&remaining)
-                    .query_async::<(Vec<redis::Value>,)>(&mut connection)
-                    .await;
+                    .arg(&remaining);
+                if self.replicas.count > 0 {
+                    pipe.cmd("WAIT")
+                        .arg(self.replicas.count)
+                        .arg(self.replicas.timeout_ms);
+                }
+                let piped = pipe
+                    .query_async::<Vec<redis::Value>>(&mut connection)
+                    .await
+                    .and_then(|mut replies| {
+                        let acked = match replies.get(1) {
+                            Some(redis::Value::Int(acked)) => Some(*acked as u32),
+                            _ => None,
+                        };
+                        match replies.drain(..).next() {
+                            Some(redis::Value::Array(reply)) => Ok((reply, acked)),
+                            _ => Err(redis::RedisError::from((
+                                redis::ErrorKind::Client,
+                                "unexpected claim pipeline reply",
+                            ))),
+                        }
+                    });
                 match piped {
-                    Ok((reply,)) => Ok(reply),
+                    Ok((reply, acked)) => {
+                        pipelined = acked;
+                        Ok(reply)
+                    }
                     // Not loaded yet (first use, or Redis restarted): the index entry is
                     // written; the script is loaded and run by the ordinary invocation.
                     Err(error)
@@ -365,8 +396,8 @@ impl RedisStore {
                     "a claim reply was lost ({error}); reading the claim to see what happened"
                 );
                 return match self.get(key).await? {
-                    Some(stored) if same_record(&stored, record) => Ok(Claim::Acquired),
-                    Some(stored) => Ok(Claim::Existing(Box::new(stored))),
+                    Some(stored) if same_record(&stored, record) => Ok((Claim::Acquired, None)),
+                    Some(stored) => Ok((Claim::Existing(Box::new(stored)), None)),
                     None => Err(failed(error)),
                 };
             }
@@ -377,12 +408,15 @@ impl RedisStore {
             .map_err(failed)??;
         self.syncs.fetch_add(1, Ordering::Relaxed);
         match (found, existing) {
-            (0, _) => Ok(Claim::Acquired),
-            (_, Some(json)) => Ok(Claim::Existing(Box::new(on_local_clock(
-                serde_json::from_str(&json).map_err(failed)?,
-                lease_end,
-                server_now,
-            )))),
+            (0, _) => Ok((Claim::Acquired, pipelined)),
+            (_, Some(json)) => Ok((
+                Claim::Existing(Box::new(on_local_clock(
+                    serde_json::from_str(&json).map_err(failed)?,
+                    lease_end,
+                    server_now,
+                ))),
+                pipelined,
+            )),
             _ => Err(failed("claim script returned no record")),
         }
     }
@@ -398,7 +432,7 @@ impl RedisStore {
         let done = self
             .transition_unacknowledged(key, expected, next, receipt, &connection)
             .await?;
-        if done && let Err(error) = self.acknowledged(&mut connection).await {
+        if done && let Err(error) = self.acknowledged(&mut connection, None).await {
             // A reservation that does not count is not sent: it is released (best effort).
             if next.reserved_lease().is_some() {
                 let released = next.release_unsent(crate::clock::now_ms());
@@ -692,7 +726,7 @@ impl RedisStore {
             true
         };
         self.syncs.fetch_add(1, Ordering::Relaxed);
-        self.acknowledged(&mut connection).await?;
+        self.acknowledged(&mut connection, None).await?;
         Ok(written)
     }
 
