@@ -429,10 +429,10 @@ impl RedisStore {
         receipt: Option<&Receipt>,
     ) -> Result<bool, StoreError> {
         let mut connection = self.connection();
-        let done = self
+        let (done, pipelined) = self
             .transition_unacknowledged(key, expected, next, receipt, &connection)
             .await?;
-        if done && let Err(error) = self.acknowledged(&mut connection, None).await {
+        if done && let Err(error) = self.acknowledged(&mut connection, pipelined).await {
             // A reservation that does not count is not sent: it is released (best effort).
             if next.reserved_lease().is_some() {
                 let released = next.release_unsent(crate::clock::now_ms());
@@ -452,7 +452,7 @@ impl RedisStore {
         next: &ClaimRecord,
         receipt: Option<&Receipt>,
         connection: &ConnectionManager,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<(bool, Option<u32>), StoreError> {
         if next.version != expected.version + 1 {
             return Err(super::version_step(expected.version, next.version));
         }
@@ -512,7 +512,14 @@ impl RedisStore {
                 .arg(expected.lease_until_ms)
                 .ignore();
         }
-        let reply = match pipe.query_async::<(i64,)>(&mut connection).await {
+        if self.replicas.count > 0 {
+            pipe.cmd("WAIT")
+                .arg(self.replicas.count)
+                .arg(self.replicas.timeout_ms);
+        }
+        // The replicas' acknowledgement, when it rides in the transition's own round trip.
+        let mut pipelined = None;
+        let reply = match pipe.query_async::<Vec<redis::Value>>(&mut connection).await {
             Err(error)
                 if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
             {
@@ -531,21 +538,36 @@ impl RedisStore {
                     .invoke_async::<i64>(&mut connection)
                     .await
             }
-            other => other.map(|(done,)| done),
+            other => other.and_then(|replies| {
+                pipelined = match replies.get(1) {
+                    Some(redis::Value::Int(acked)) => Some(*acked as u32),
+                    _ => None,
+                };
+                match replies.first() {
+                    Some(redis::Value::Int(done)) => Ok(*done),
+                    _ => Err(redis::RedisError::from((
+                        redis::ErrorKind::Client,
+                        "unexpected transition pipeline reply",
+                    ))),
+                }
+            }),
         };
         let done = match reply {
             Ok(done) => done,
             Err(error) if ambiguous(&error) => {
                 // The script may have run: what is stored now says whether it did.
-                return self.settle_ambiguous(key, expected, next, &error).await;
+                return self
+                    .settle_ambiguous(key, expected, next, &error)
+                    .await
+                    .map(|done| (done, None));
             }
             Err(error) => return Err(failed(error)),
         };
         self.syncs.fetch_add(1, Ordering::Relaxed);
         match done {
             -1 => Err(super::gone(&key.slot())),
-            1 => Ok(true),
-            _ => Ok(false),
+            1 => Ok((true, pipelined)),
+            _ => Ok((false, pipelined)),
         }
     }
 
