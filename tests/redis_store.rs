@@ -3,11 +3,11 @@
 
 use std::time::Duration;
 
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::idempotency::{key, meta, storm};
 use crate::support::{
-    GatewayConfig, GatewayProcess, McpClient, MockVendor, RedisServer, Reply, TOKEN,
+    GatewayConfig, GatewayProcess, McpClient, MockVendor, RedisCluster, RedisServer, Reply, TOKEN,
 };
 
 fn on_redis(vendor: &MockVendor, redis: &RedisServer) -> GatewayConfig {
@@ -16,15 +16,31 @@ fn on_redis(vendor: &MockVendor, redis: &RedisServer) -> GatewayConfig {
     config
 }
 
+/// The tracker's answer to an issue creation, `ms` late.
+fn issue_after(ms: u64) -> Reply {
+    let issue = json!({"number": 1, "title": "t", "state": "open", "url": "u"});
+    Reply::json(201, issue).after(Duration::from_millis(ms))
+}
+
+/// Creates an issue until the gateway serves it (Redis settings put right, a replica's first
+/// sync done), for at most `seconds`.
+async fn served_within(client: &McpClient, gateway: &GatewayProcess, args: Value, seconds: u64) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(seconds);
+    while client
+        .call("tracker.issues.create", args.clone())
+        .await
+        .is_err()
+    {
+        assert!(tokio::time::Instant::now() < deadline, "{}", gateway.log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_redis_store_keeps_the_contract() {
     let redis = RedisServer::start();
-    let store = obol::store::Store::Redis(
-        obol::store::RedisStore::connect(&redis.url())
-            .await
-            .unwrap(),
-    );
-    obol::store::contract::run(&store).await;
+    let store = obol::store::RedisStore::connect(&redis.url()).await;
+    obol::store::contract::run(&obol::store::Store::Redis(store.unwrap())).await;
 }
 
 #[tokio::test]
@@ -100,14 +116,7 @@ async fn redis_down_fails_closed() {
 
     // Down while the vendor is answering: the outcome is not exposed (not_ready).
     redis.restart();
-    vendor.on(
-        "/repos/acme/app/issues",
-        Reply::json(
-            201,
-            json!({"number": 1, "title": "x", "state": "open", "url": "u"}),
-        )
-        .after(Duration::from_millis(800)),
-    );
+    vendor.on("/repos/acme/app/issues", issue_after(800));
     let k = key("midcall");
     let keyed = McpClient::with_key(&gateway.url, TOKEN, &k).await;
     let call = tokio::spawn(async move {
@@ -235,15 +244,7 @@ async fn a_redis_that_could_lose_claims_is_refused_at_start() {
     assert_eq!(vendor.count("/repos/acme/app/issues"), sent);
     assert!(gateway.log().contains("appendfsync"));
     set("appendfsync", "always");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(8);
-    while client
-        .call("tracker.issues.create", json!({"title": "safe again"}))
-        .await
-        .is_err()
-    {
-        assert!(tokio::time::Instant::now() < deadline, "{}", gateway.log());
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    served_within(&client, &gateway, json!({"title": "safe again"}), 8).await;
 }
 
 /// Issue 9: the retention is one policy, the same on Redis as embedded (the contract's
@@ -358,13 +359,7 @@ async fn acknowledged_claims_survive_a_failover() {
     // The primary dies; the replica is promoted, and a gateway serves from it.
     drop(gateway);
     primary.stop();
-    let client = redis::Client::open(replica.url()).unwrap();
-    let mut connection = client.get_connection().unwrap();
-    let _: () = redis::cmd("REPLICAOF")
-        .arg("NO")
-        .arg("ONE")
-        .query(&mut connection)
-        .unwrap();
+    replica.promote();
     let promoted = on_redis(&vendor, &replica);
     let gateway = GatewayProcess::start(&promoted);
     for k in &keys {
@@ -380,6 +375,129 @@ async fn acknowledged_claims_survive_a_failover() {
         20,
         "a key reached the vendor twice"
     );
+}
+
+/// Issue 9, failover with calls on the wire: the primary dies while calls are in flight.
+/// Those calls finish or fail closed; once the replica is promoted, a gateway serving from it
+/// settles every key (a replay, a fresh send of a claim that never counted, or `unknown`,
+/// never resent), and no key reaches the vendor twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_in_flight_during_a_failover_fail_closed_and_recover() {
+    let mut primary = RedisServer::start();
+    let replica = RedisServer::replica_of(&primary);
+    let vendor = MockVendor::start().await;
+    vendor.on("/repos/acme/app/issues", issue_after(600));
+    let replicated = |redis: &RedisServer| {
+        let mut config = on_redis(&vendor, redis);
+        config.store = Some(format!(
+            "redis_url = {:?}\nredis_replicas = 1\nredis_replica_timeout_ms = 1000\nlease_ms = 4000",
+            redis.url()
+        ));
+        config
+    };
+    let gateway = GatewayProcess::start(&replicated(&primary));
+    // The replica's initial sync is done once a first call is acknowledged.
+    let warm = McpClient::with_key(&gateway.url, TOKEN, &key("warmup")).await;
+    served_within(&warm, &gateway, json!({"title": "warmup"}), 10).await;
+    let keys: Vec<String> = (0..8).map(|n| key(&format!("inflight{n}"))).collect();
+    let create = |n: usize| json!({"title": format!("inflight{n}")});
+    // Half the keys finish before the switch.
+    let mut finished = Vec::new();
+    for (n, k) in keys.iter().enumerate().take(4) {
+        let client = McpClient::with_key(&gateway.url, TOKEN, k).await;
+        let done = client
+            .call("tracker.issues.create", create(n))
+            .await
+            .unwrap();
+        assert_eq!(done.is_error, Some(false));
+        finished.push(n);
+    }
+    // The other half is on the wire when the primary dies.
+    let sent = vendor.count("/repos/acme/app/issues");
+    let mut calls = Vec::new();
+    for (n, k) in keys.iter().enumerate().skip(4) {
+        let client = McpClient::with_key(&gateway.url, TOKEN, k).await;
+        calls.push(tokio::spawn(async move {
+            client.call("tracker.issues.create", create(n)).await
+        }));
+    }
+    while vendor.count("/repos/acme/app/issues") < sent + 4 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    primary.stop();
+    // Their outcomes cannot be acknowledged: each fails closed, none reports a success the
+    // promoted replica could lack.
+    for call in calls {
+        let answer = call.await.unwrap();
+        assert!(
+            !matches!(&answer, Ok(done) if done.is_error == Some(false)),
+            "{answer:?}"
+        );
+    }
+    replica.promote();
+    let promoted = GatewayProcess::start(&on_redis(&vendor, &replica));
+    for (n, k) in keys.iter().enumerate() {
+        let client = McpClient::with_key(&promoted.url, TOKEN, k).await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let settled = loop {
+            match client.call("tracker.issues.create", create(n)).await {
+                Ok(done) => break Some(done),
+                // A claim whose holder died mid-call waits out its lease, then settles.
+                Err(rmcp::ServiceError::McpError(e))
+                    if e.data.as_ref().is_some_and(|d| {
+                        d["type"] == json!("not_ready") || d["type"] == json!("store_unavailable")
+                    }) =>
+                {
+                    assert!(tokio::time::Instant::now() < deadline, "{}", promoted.log());
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                // Settled without a known outcome: replayed as an error, never resent.
+                Err(rmcp::ServiceError::McpError(_)) => break None,
+                Err(other) => panic!("{k}: {other:?}\n{}", promoted.log()),
+            }
+        };
+        if finished.contains(&n) {
+            let replayed = settled.as_ref().map(|done| meta(done)["replayed"].clone());
+            assert_eq!(
+                replayed,
+                Some(json!(true)),
+                "{k}: an acknowledged outcome was lost"
+            );
+        }
+        let sent = vendor
+            .seen()
+            .iter()
+            .filter(|s| s.body_text().contains(&format!("\"inflight{n}\"")))
+            .count();
+        assert!(sent <= 1, "{k} reached the vendor {sent} times");
+    }
+}
+
+/// Issue 9: a write can reach Redis twice (its reply lost, the command sent again, as the
+/// cluster client does after a dropped connection). Every script recognises its own earlier
+/// write by its write id, never as a rival's: the call is sent once, answers, and replays.
+#[tokio::test]
+async fn a_resent_write_is_recognised_as_its_own() {
+    let redis = RedisServer::start();
+    let vendor = MockVendor::start().await;
+    vendor.on(
+        "/v1/refunds",
+        Reply::json(200, json!({"id": "re_r", "object": "refund", "amount": 7, "charge": "ch_r", "status": "succeeded"})),
+    );
+    let mut config = on_redis(&vendor, &redis);
+    config.env = vec![("OBOL_FAILPOINTS".into(), "redis_resend".into())];
+    let gateway = GatewayProcess::start(&config);
+    let client = McpClient::with_key(&gateway.url, TOKEN, &key("resend")).await;
+    let args = json!({"charge": "ch_r", "amount": 7});
+    let first = client
+        .call("stripe.create_refund", args.clone())
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}\n{}", gateway.log()));
+    assert_eq!(first.is_error, Some(false));
+    assert_eq!(meta(&first)["attempt_count"], json!(1));
+    let again = client.call("stripe.create_refund", args).await.unwrap();
+    assert_eq!(meta(&again)["replayed"], json!(true));
+    assert_eq!(vendor.count("/v1/refunds"), 1);
 }
 
 /// Issue 9: leases are judged on Redis's clock. A gateway whose clock runs a minute ahead
@@ -425,4 +543,59 @@ async fn a_gateway_with_a_skewed_clock_does_not_kill_a_live_call() {
     let replay = second.call("stripe.create_refund", args).await.unwrap();
     assert_eq!(meta(&replay)["replayed"], json!(true));
     assert_eq!(vendor.count("/v1/refunds"), 1, "a live call was sent again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_redis_cluster_store_keeps_the_contract() {
+    let cluster = RedisCluster::start();
+    let store = obol::store::RedisStore::connect_cluster(&cluster.urls()).await;
+    obol::store::contract::run(&obol::store::Store::Redis(store.unwrap())).await;
+}
+
+/// Issue 9, Redis Cluster: identical calls through two gateways on a three-primary cluster,
+/// while the claim's slot migrates to another primary with the first call on the wire (calls
+/// arriving before, during and after the move), reach the vendor exactly once; retries after
+/// the move replay from the new owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_sends_once_through_a_slot_migration() {
+    let cluster = std::sync::Arc::new(RedisCluster::start());
+    let vendor = MockVendor::start().await;
+    vendor.on(
+        "/v1/refunds",
+        Reply::json(200, json!({"id": "re_s", "object": "refund", "amount": 100, "charge": "ch_storm", "status": "succeeded"}))
+            // The first call's finalize lands while its slot is moving (multi-key scripts
+            // get TRYAGAIN until the move ends, and the client waits it out).
+            .after(Duration::from_millis(300)),
+    );
+    let mut config = GatewayConfig::new(&vendor.base_url());
+    config.store = Some(format!("redis_cluster = {:?}", cluster.urls()));
+    let (a, b) = (
+        GatewayProcess::start(&config),
+        GatewayProcess::start(&config),
+    );
+    let urls = [a.url.clone(), b.url.clone()];
+    let k = key("cluster");
+    let before = tokio::spawn({
+        let (urls, k) = (urls.clone(), k.clone());
+        async move { storm(&urls, &k, 40).await }
+    });
+    while vendor.count("/v1/refunds") == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let slot = cluster
+        .slot_of("obol:*:claim")
+        .expect("the claim is stored");
+    let to = (cluster.owner(slot) + 1) % 3;
+    let moving = tokio::task::spawn_blocking({
+        let cluster = std::sync::Arc::clone(&cluster);
+        move || cluster.migrate_slot(slot, to, Duration::from_millis(150))
+    });
+    let during = storm(&urls, &k, 40).await;
+    moving.await.unwrap();
+    let before = before.await.unwrap();
+    let after = storm(&urls, &k, 20).await;
+    assert_eq!(cluster.owner(slot), to, "the slot moved");
+    assert_eq!(vendor.count("/v1/refunds"), 1, "{}\n{}", a.log(), b.log());
+    assert_eq!(before.0 + before.1 + during.0 + during.1, 80);
+    assert_eq!(after, (20, 0), "every retry after the move replays");
 }

@@ -109,6 +109,36 @@ impl Redis {
     fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
     }
+
+    /// Three durable primaries made one Redis Cluster (for what a cluster's extra round
+    /// trips cost).
+    fn cluster() -> Vec<Redis> {
+        let nodes: Vec<Redis> = (0..3)
+            .map(|_| Redis::start_with(&["--cluster-enabled", "yes"]))
+            .collect();
+        let created = std::process::Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)))
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdout(std::process::Stdio::null())
+            .status()
+            .expect("redis-cli");
+        assert!(created.success());
+        // Every node agrees the cluster is up before the figures are taken.
+        for node in &nodes {
+            loop {
+                let info = std::process::Command::new("redis-cli")
+                    .args(["-p", &node.port.to_string(), "CLUSTER", "INFO"])
+                    .output()
+                    .expect("redis-cli");
+                if String::from_utf8_lossy(&info.stdout).contains("cluster_state:ok") {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        nodes
+    }
 }
 
 impl Drop for Redis {
@@ -127,6 +157,7 @@ async fn store_alone(redis: &Redis) {
     // A second primary with a replica: what waiting for a replica's acknowledgement costs.
     let replicated = Redis::start();
     let _replica = Redis::replica_of(&replicated);
+    let cluster = Redis::cluster();
     let waiting = RedisStore::connect(&replicated.url())
         .await
         .unwrap()
@@ -183,10 +214,18 @@ async fn store_alone(redis: &Redis) {
             Store::Redis(RedisStore::connect(&redis.url()).await.unwrap()),
         ),
         ("redis + WAIT 1 replica", Store::Redis(waiting)),
+        (
+            "redis cluster (3 primaries)",
+            Store::Redis(
+                RedisStore::connect_cluster(&cluster.iter().map(Redis::url).collect::<Vec<_>>())
+                    .await
+                    .unwrap(),
+            ),
+        ),
     ];
     println!("idempotency store alone: claim+reserve, finalize+receipt+audit per call");
     println!(
-        "  {:<24} {:>10} {:>10} {:>14} {:>16}",
+        "  {:<28} {:>10} {:>10} {:>14} {:>16}",
         "", "c=1 p50", "c=1 p99", "c=32 calls/s", "syncs per call"
     );
     for (label, store) in stores {
@@ -269,7 +308,7 @@ async fn store_alone(redis: &Redis) {
         let calls = (c1.rate + c32.rate) * RUN_FOR.as_secs_f64() + 400.0;
         let syncs = (store.syncs() - before.0) as f64 / calls;
         println!(
-            "  {label:<24} {:>10} {:>10} {:>14.0} {:>16.2}",
+            "  {label:<28} {:>10} {:>10} {:>14.0} {:>16.2}",
             us(c1.p50),
             us(c1.p99),
             c32.rate,

@@ -84,11 +84,20 @@ pub struct StoreConfig {
 pub enum StoreBackend {
     /// A single durable file (the default): `obol.redb` next to the config.
     Embedded(PathBuf),
-    /// `redis://…`, for several gateways sharing state.
-    Redis(String),
+    /// Redis, for several gateways sharing state.
+    Redis(RedisTarget),
     /// In memory, no durability (`volatile = true`): benchmarks only; not in shipped builds.
     #[cfg(feature = "test-util")]
     Volatile,
+}
+
+/// Which Redis the store uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedisTarget {
+    /// One server (`redis_url`), with or without replicas.
+    Node(String),
+    /// A Redis Cluster, by some of its nodes (`redis_cluster`); the rest are discovered.
+    Cluster(Vec<String>),
 }
 
 /// Limits applied to every guest call.
@@ -291,6 +300,7 @@ struct StoreFile {
     volatile: bool,
     path: Option<PathBuf>,
     redis_url: Option<String>,
+    redis_cluster: Option<Vec<String>>,
     lease_ms: Option<u64>,
     retention_hours: Option<u64>,
     #[serde(default)]
@@ -722,20 +732,34 @@ impl Config {
         let ms = Duration::from_millis;
         #[cfg(feature = "test-util")]
         let volatile = file.store.volatile;
-        let backend = match (file.store.path, file.store.redis_url) {
-            (Some(_), Some(_)) => {
-                return Err(invalid(
-                    "[store] names either `path` (embedded) or `redis_url`, not both".into(),
-                ));
-            }
-            (_, Some(url)) if !(url.starts_with("redis://") || url.starts_with("rediss://")) => {
+        let is_redis_url = |url: &str| url.starts_with("redis://") || url.starts_with("rediss://");
+        let (path, url, cluster) = (
+            file.store.path,
+            file.store.redis_url,
+            file.store.redis_cluster,
+        );
+        if usize::from(path.is_some()) + usize::from(url.is_some()) + usize::from(cluster.is_some())
+            > 1
+        {
+            return Err(invalid(
+                "[store] names one of `path` (embedded), `redis_url` (one Redis server) or `redis_cluster` (a Redis Cluster), not several".into(),
+            ));
+        }
+        let backend = match (path, url, cluster) {
+            (_, Some(url), _) if !is_redis_url(&url) => {
                 return Err(invalid(
                     "[store] redis_url must start with redis:// or rediss://".into(),
                 ));
             }
-            (_, Some(url)) => StoreBackend::Redis(url),
-            (Some(path), None) => StoreBackend::Embedded(resolve(&path)),
-            (None, None) => StoreBackend::Embedded(resolve(Path::new("obol.redb"))),
+            (_, Some(url), _) => StoreBackend::Redis(RedisTarget::Node(url)),
+            (_, _, Some(nodes)) if nodes.is_empty() || !nodes.iter().all(|n| is_redis_url(n)) => {
+                return Err(invalid(
+                    "[store] redis_cluster lists at least one node, each redis://host:port or rediss://host:port".into(),
+                ));
+            }
+            (_, _, Some(nodes)) => StoreBackend::Redis(RedisTarget::Cluster(nodes)),
+            (Some(path), None, None) => StoreBackend::Embedded(resolve(&path)),
+            (None, None, None) => StoreBackend::Embedded(resolve(Path::new("obol.redb"))),
         };
         #[cfg(feature = "test-util")]
         let backend = if volatile {
@@ -747,7 +771,7 @@ impl Config {
         // must verify on the others, which a per-process key cannot do.
         if matches!(backend, StoreBackend::Redis(_)) && file.approvals.signing_key.is_none() {
             return Err(invalid(
-                "[approvals] signing_key is required with redis_url: every gateway sharing the store must verify the same approval tokens (make one with `obol approvals keygen FILE`)".into(),
+                "[approvals] signing_key is required with a Redis store: every gateway sharing the store must verify the same approval tokens (make one with `obol approvals keygen FILE`)".into(),
             ));
         }
         let request_timeout = ms(file.outbound.request_timeout_ms.unwrap_or(30_000));
@@ -894,6 +918,35 @@ mod tests {
         ))
         .unwrap_err();
         assert!(err.contains("unknown workspace"), "{err}");
+    }
+
+    #[test]
+    fn a_store_names_one_backend() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("approval.key");
+        let seed = crate::approvals::token::generate_signing_key().to_bytes();
+        std::fs::write(&key, hex::encode(seed)).unwrap();
+        let signed = format!("[approvals]\nsigning_key = {{ id = \"k1\", file = {key:?} }}\n");
+        let config = parse(&format!(
+            "{signed}[store]\nredis_cluster = [\"redis://10.0.0.1:6379/\", \"redis://10.0.0.2:6379/\"]"
+        ))
+        .unwrap();
+        assert_eq!(
+            config.store.backend,
+            StoreBackend::Redis(RedisTarget::Cluster(vec![
+                "redis://10.0.0.1:6379/".into(),
+                "redis://10.0.0.2:6379/".into()
+            ]))
+        );
+        let err = parse(&format!(
+            "{signed}[store]\nredis_url = \"redis://a/\"\nredis_cluster = [\"redis://b/\"]"
+        ))
+        .unwrap_err();
+        assert!(err.contains("not several"), "{err}");
+        let err = parse(&format!("{signed}[store]\nredis_cluster = []")).unwrap_err();
+        assert!(err.contains("at least one node"), "{err}");
+        let err = parse(&format!("{signed}[store]\nredis_cluster = [\"http://b/\"]")).unwrap_err();
+        assert!(err.contains("redis://host:port"), "{err}");
     }
 
     #[test]

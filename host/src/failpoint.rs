@@ -43,3 +43,15 @@ pub fn clock_offset_ms() -> u64 {
             .unwrap_or(0)
     })
 }
+
+static WALL_CLOCK_STEP_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How far a test stepped the wall clock this process reads (see [`step_wall_clock_ms`]).
+pub fn wall_clock_step_ms() -> u64 {
+    WALL_CLOCK_STEP_MS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Steps the wall clock this process reads forward by `ms`, as NTP or an operator could.
+pub fn step_wall_clock_ms(ms: u64) {
+    WALL_CLOCK_STEP_MS.fetch_add(ms, std::sync::atomic::Ordering::Relaxed);
+}

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use tokio::net::TcpListener;
 
-use crate::config::{Config, StoreBackend, StoreConfig};
+use crate::config::{Config, RedisTarget, StoreBackend, StoreConfig};
 use crate::gateway::Gateway;
 use crate::store::{EmbeddedStore, RedisStore, Store};
 use crate::{http, mcp};
@@ -19,12 +19,14 @@ pub async fn open_store(config: &StoreConfig) -> anyhow::Result<Store> {
             tracing::info!(path = %path.display(), "using the embedded store");
             Store::Embedded(EmbeddedStore::open(path)?.with_retention(config.retention))
         }
-        StoreBackend::Redis(url) => {
-            let store = RedisStore::connect(url)
-                .await?
-                .with_retention(config.retention)
-                .with_replicas(config.redis_replicas, config.redis_replica_timeout)
-                .await?;
+        StoreBackend::Redis(target) => {
+            let store = match target {
+                RedisTarget::Node(url) => RedisStore::connect(url).await?,
+                RedisTarget::Cluster(nodes) => RedisStore::connect_cluster(nodes).await?,
+            }
+            .with_retention(config.retention)
+            .with_replicas(config.redis_replicas, config.redis_replica_timeout)
+            .await?;
             tracing::info!("using the Redis store");
             Store::Redis(store)
         }

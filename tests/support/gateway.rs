@@ -233,7 +233,7 @@ impl GatewayConfig {
         let redis = self
             .store
             .as_deref()
-            .is_some_and(|s| s.contains("redis_url"));
+            .is_some_and(|s| s.contains("redis_url") || s.contains("redis_cluster"));
         if redis && !self.extra.contains("[approvals]") {
             let key = dir.join("approval.key");
             std::fs::write(

@@ -11,7 +11,7 @@ pub mod vendor;
 
 pub use client::{McpClient, RawMcp};
 pub use gateway::{GatewayConfig, GatewayProcess};
-pub use redis::RedisServer;
+pub use redis::{RedisCluster, RedisServer};
 pub use vendor::{MockVendor, Reply};
 
 /// The token of the key most tests use, and the secret its connections carry.

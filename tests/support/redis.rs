@@ -9,40 +9,42 @@ pub struct RedisServer {
     pub port: u16,
     dir: tempfile::TempDir,
     child: Option<Child>,
-    /// The primary this server replicates, if it is a replica.
-    primary: Option<u16>,
+    role: Role,
+}
+
+enum Role {
+    Standalone,
+    /// Replicates the primary on this port.
+    ReplicaOf(u16),
+    /// A node of a Redis Cluster.
+    ClusterNode,
+}
+
+fn free_port() -> u16 {
+    // Take a free port from the OS, then hand it to redis-server (it cannot bind port 0).
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 impl RedisServer {
     pub fn start() -> RedisServer {
-        // Take a free port from the OS, then hand it to redis-server (it cannot bind port 0).
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let mut server = RedisServer {
-            port,
-            dir: tempfile::tempdir().unwrap(),
-            child: None,
-            primary: None,
-        };
-        server.restart();
-        server
+        RedisServer::with_role(Role::Standalone)
     }
 
     /// A replica of `primary`, durable like it.
     pub fn replica_of(primary: &RedisServer) -> RedisServer {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        RedisServer::with_role(Role::ReplicaOf(primary.port))
+    }
+
+    fn with_role(role: Role) -> RedisServer {
         let mut server = RedisServer {
-            port,
+            port: free_port(),
             dir: tempfile::tempdir().unwrap(),
             child: None,
-            primary: Some(primary.port),
+            role,
         };
         server.restart();
         server
@@ -50,6 +52,17 @@ impl RedisServer {
 
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// A replica becomes a primary (`REPLICAOF NO ONE`), as a failover does.
+    pub fn promote(&self) {
+        let client = redis::Client::open(self.url()).unwrap();
+        let mut connection = client.get_connection().unwrap();
+        let _: () = redis::cmd("REPLICAOF")
+            .arg("NO")
+            .arg("ONE")
+            .query(&mut connection)
+            .unwrap();
     }
 
     /// Starts (again) on the same port and data directory.
@@ -65,17 +78,17 @@ impl RedisServer {
                 "--appendfsync",
                 "always",
             ])
-            .args(
-                self.primary
-                    .map(|port| {
-                        vec![
-                            "--replicaof".to_owned(),
-                            "127.0.0.1".to_owned(),
-                            port.to_string(),
-                        ]
-                    })
-                    .unwrap_or_default(),
-            )
+            .args(match self.role {
+                Role::Standalone => vec![],
+                Role::ReplicaOf(port) => vec![
+                    "--replicaof".to_owned(),
+                    "127.0.0.1".to_owned(),
+                    port.to_string(),
+                ],
+                Role::ClusterNode => ["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"]
+                    .map(str::to_owned)
+                    .to_vec(),
+            })
             .arg("--dir")
             .arg(self.dir.path())
             .stdout(Stdio::null())
@@ -102,5 +115,118 @@ impl RedisServer {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// A Redis Cluster of three primaries, each durable like [`RedisServer`], on loopback ports.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub fn start() -> RedisCluster {
+        let nodes: Vec<RedisServer> = (0..3)
+            .map(|_| RedisServer::with_role(Role::ClusterNode))
+            .collect();
+        let status = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)))
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("redis-cli must be installed (.ci/run installs it)");
+        assert!(status.success(), "redis-cli --cluster create failed");
+        let cluster = RedisCluster { nodes };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !(0..3).all(|n| {
+            cluster
+                .query::<String>(n, &["CLUSTER", "INFO"])
+                .contains("cluster_state:ok")
+        }) {
+            assert!(Instant::now() < deadline, "the cluster did not come up");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        cluster
+    }
+
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// `args` run on node `n`.
+    pub fn query<T: redis::FromRedisValue>(&self, n: usize, args: &[&str]) -> T {
+        let client = redis::Client::open(self.nodes[n].url()).unwrap();
+        let mut connection = client.get_connection().unwrap();
+        let mut cmd = redis::cmd(args[0]);
+        for arg in &args[1..] {
+            cmd.arg(*arg);
+        }
+        cmd.query(&mut connection).unwrap()
+    }
+
+    fn id(&self, n: usize) -> String {
+        self.query(n, &["CLUSTER", "MYID"])
+    }
+
+    /// The node that owns `slot`, by its own account.
+    pub fn owner(&self, slot: u16) -> usize {
+        (0..3)
+            .find(|&n| {
+                let nodes: String = self.query(n, &["CLUSTER", "NODES"]);
+                nodes
+                    .lines()
+                    .find(|line| line.contains("myself"))
+                    .is_some_and(|line| {
+                        line.split_whitespace().skip(8).any(|range| {
+                            let mut ends = range.split('-').map(|end| end.parse::<u16>());
+                            match (ends.next(), ends.next()) {
+                                (Some(Ok(from)), Some(Ok(to))) => (from..=to).contains(&slot),
+                                (Some(Ok(only)), None) => only == slot,
+                                _ => false,
+                            }
+                        })
+                    })
+            })
+            .expect("some node owns every slot")
+    }
+
+    /// The hash slot of the first key matching `pattern` anywhere in the cluster.
+    pub fn slot_of(&self, pattern: &str) -> Option<u16> {
+        (0..3).find_map(|n| {
+            let keys: Vec<String> = self.query(n, &["KEYS", pattern]);
+            keys.first()
+                .map(|key| self.query::<u16>(n, &["CLUSTER", "KEYSLOT", key]))
+        })
+    }
+
+    /// Moves `slot` to node `to` as `redis-cli --cluster reshard` does, slowly: the slot stays
+    /// migrating for `pause`, and its keys move one at a time, `pause` apart, so calls land
+    /// in every phase of the move.
+    pub fn migrate_slot(&self, slot: u16, to: usize, pause: Duration) {
+        let from = self.owner(slot);
+        assert_ne!(from, to);
+        let (from_id, to_id) = (self.id(from), self.id(to));
+        let slot_arg = slot.to_string();
+        let _: () = self.query(
+            to,
+            &["CLUSTER", "SETSLOT", &slot_arg, "IMPORTING", &from_id],
+        );
+        let _: () = self.query(
+            from,
+            &["CLUSTER", "SETSLOT", &slot_arg, "MIGRATING", &to_id],
+        );
+        std::thread::sleep(pause);
+        loop {
+            let keys: Vec<String> = self.query(from, &["CLUSTER", "GETKEYSINSLOT", &slot_arg, "1"]);
+            let Some(key) = keys.first() else { break };
+            let port = self.nodes[to].port.to_string();
+            let _: redis::Value =
+                self.query(from, &["MIGRATE", "127.0.0.1", &port, key, "0", "5000"]);
+            std::thread::sleep(pause);
+        }
+        for n in [to, from, 3 - to - from] {
+            let _: () = self.query(n, &["CLUSTER", "SETSLOT", &slot_arg, "NODE", &to_id]);
+        }
     }
 }

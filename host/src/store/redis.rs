@@ -1,21 +1,27 @@
-//! The Redis backend, for several gateways sharing one state.
+//! The Redis backend, for several gateways sharing one state: one Redis server (with or
+//! without replicas) or a Redis Cluster.
 //!
 //! Every multi-key transition is one Lua script, and every key a script touches carries the
-//! claim's hash tag (`obol:{<slot>}:…`), so the same scripts run unchanged on Redis Cluster.
-//! The per-workspace receipt index lives outside the slot and is written after the script
-//! succeeds; it only points at receipts, so a lost index write loses nothing but a listing.
+//! claim's hash tag (`obol:{<slot>}:…`), so the same scripts run unchanged on a cluster. The
+//! indexes that live outside a claim's slot (the lease index, a receipt's pointer and its
+//! workspace listing) are written in the same [`Writes`] as the script: one pipeline on a
+//! single server, one pipeline per slot, in order, on a cluster.
 //!
-//! Durability: Obol relies on what Redis acknowledges. Run it with `appendonly yes` and
-//! `appendfsync always` to lose nothing on a Redis crash; with `everysec` a crash can forget
-//! up to a second of claims, and a forgotten claim lets a same-key retry dispatch again
-//! (`docs/operations.md`).
+//! Durability: Obol relies on what Redis acknowledges. It refuses a server that could lose
+//! an acknowledged write (`appendonly yes`, `appendfsync always` and `noeviction` are
+//! required, on every node of a cluster), and with `redis_replicas` it counts a write only
+//! once that many replicas acknowledged it (`WAITAOF` where the server has it, else `WAIT`),
+//! pipelined with the write itself (`docs/operations.md`).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{AsyncCommands, Script};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
+use redis::{AsyncCommands, Cmd, RedisFuture, RedisResult, Script, Value};
 
 use super::{Claim, ClaimKey, ClaimRecord, Receipt, Registry, RegistryWrite, StoreError};
 use crate::approvals::{ApprovalId, Decided, Decision, Ticket};
@@ -23,7 +29,7 @@ use crate::approvals::{ApprovalId, Decided, Decision, Ticket};
 /// Slot → lease end (ms) of claims with an attempt reserved, for the sweeper. It lives outside
 /// every claim's hash tag, so it is written beside the scripts, never inside them: before a
 /// reservation (a failed write fails the call closed, and an entry whose claim moved on is
-/// dropped by the sweeper) and, best-effort, after the claim leaves `Reserved`.
+/// dropped by the sweeper) and after the claim leaves `Reserved`.
 const LEASES: &str = "obol:leases";
 
 /// Drops a slot's lease index entry unless a later reservation wrote a later lease since.
@@ -40,10 +46,17 @@ return 0
 const NOW_MS: &str =
     "local t = redis.call('TIME')\nlocal now = t[1] * 1000 + math.floor(t[2] / 1000)\n";
 
+/// `{0}`: claimed. `{1, r, l, now}`: another record is there. Safe to run twice: every write
+/// stores its unique write id `w`, so a client that resends after a lost reply (the cluster
+/// client does, on a dropped connection) finds its own write and is told it claimed. (Not the
+/// record's content: two racers can write identical records in the same millisecond.)
 const CLAIM_BODY: &str = r"
 local v = redis.call('HGET', KEYS[1], 'v')
-if v then return {1, redis.call('HGET', KEYS[1], 'r'), redis.call('HGET', KEYS[1], 'l') or -1, now} end
-redis.call('HSET', KEYS[1], 'v', ARGV[2], 'r', ARGV[1])
+if v then
+  if redis.call('HGET', KEYS[1], 'w') == ARGV[5] then return {0} end
+  return {1, redis.call('HGET', KEYS[1], 'r'), redis.call('HGET', KEYS[1], 'l') or -1, now}
+end
+redis.call('HSET', KEYS[1], 'v', ARGV[2], 'r', ARGV[1], 'w', ARGV[5])
 if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'l', now + tonumber(ARGV[4])) end
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 return {0}
@@ -54,22 +67,27 @@ const GET_CLAIM_BODY: &str = r"
 return {redis.call('HGET', KEYS[1], 'r') or false, redis.call('HGET', KEYS[1], 'l') or -1, now}
 ";
 
-/// -1: the record is gone (never a lost race); 0: another version is stored; 1: done. The
-/// claim record is written last, so a script that fails part-way never leaves a finalized
-/// claim without its receipt.
+/// -1: the record is gone (never a lost race); 0: another version is stored; 1: done (also
+/// when this very write, by its write id, is already stored: a resend after a lost reply).
+/// The claim
+/// record is written last, so a script that fails part-way never leaves a finalized claim
+/// without its receipt.
 const TRANSITION_BODY: &str = r"
 local v = redis.call('HGET', KEYS[1], 'v')
 if not v then return -1 end
 if tonumber(ARGV[2]) ~= tonumber(ARGV[1]) + 1 then
   return redis.error_reply('OBOL_VERSION_STEP')
 end
-if v ~= ARGV[1] then return 0 end
+if v ~= ARGV[1] then
+  if redis.call('HGET', KEYS[1], 'w') == ARGV[8] then return 1 end
+  return 0
+end
 if ARGV[5] ~= '' then
   redis.call('SET', KEYS[2], ARGV[5], 'EX', ARGV[4])
   redis.call('XADD', KEYS[3], 'MAXLEN', '~', '1000', '*', 'event', ARGV[6])
   redis.call('EXPIRE', KEYS[3], ARGV[4])
 end
-redis.call('HSET', KEYS[1], 'v', ARGV[2], 'r', ARGV[3])
+redis.call('HSET', KEYS[1], 'v', ARGV[2], 'r', ARGV[3], 'w', ARGV[8])
 if ARGV[7] ~= '' then
   redis.call('HSET', KEYS[1], 'l', now + tonumber(ARGV[7]))
 else
@@ -103,35 +121,33 @@ redis.call('HSET', KEYS[1], 's', ARGV[1], 't', ARGV[2])
 return 2
 ";
 
+/// Marks a ticket's stream entry as written, only if the ticket still exists: one whose
+/// expiry already passed is gone, and an unconditional HSET would leave a fragment without a
+/// TTL that blocks every later repair.
+const MARK_TICKET_LISTED: &str =
+    "if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], 'x', 1) end return 0";
+
 #[derive(Clone)]
 pub struct RedisStore {
     /// One multiplexed connection, or (with replicas) a few: `WAIT` holds up the connection
     /// it is sent on until the replicas catch up, so each write waits on its own connection.
-    connections: Arc<Vec<ConnectionManager>>,
-    next_connection: Arc<std::sync::atomic::AtomicUsize>,
-    client: Arc<redis::Client>,
-    claim: Arc<Script>,
-    transition: Arc<Script>,
-    get_claim: Arc<Script>,
-    drop_lease: Arc<Script>,
-    put_ticket: Arc<Script>,
-    decide_ticket: Arc<Script>,
+    connections: Arc<Vec<Connection>>,
+    next_connection: Arc<AtomicUsize>,
+    server: Arc<Server>,
+    scripts: Arc<Scripts>,
     syncs: Arc<AtomicU64>,
+    /// This store's random id and its count of writes, which make every claim write's id
+    /// unique (the scripts recognise a resend of their own write by it).
+    writer: u64,
+    writes: Arc<AtomicU64>,
     /// How long finalized claims, receipts, audit entries and expired tickets are kept
     /// (every key carries it as its TTL; `[store] retention_hours`).
     retention_s: u64,
-    /// How many replicas must acknowledge a write before it counts (`[store] redis_replicas`).
-    replicas: Replicas,
+    /// What a write waits for before it counts (`[store] redis_replicas`).
+    acknowledgement: Acknowledgement,
     /// Why the server's settings are unsafe, when the last check found them so: until a check
     /// finds them safe again, no claim is made.
     unsafe_settings: Arc<std::sync::Mutex<Option<String>>>,
-}
-
-/// The replica acknowledgement a write waits for before the gateway acts on it.
-#[derive(Debug, Clone, Copy)]
-struct Replicas {
-    count: u32,
-    timeout_ms: u64,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -140,14 +156,248 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
-/// A call must fail closed quickly when Redis is down, rather than queue behind reconnect
-/// attempts: the client retries, the gateway never guesses.
-fn manager_config() -> ConnectionManagerConfig {
-    ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(Duration::from_secs(2)))
-        .set_response_timeout(Some(Duration::from_secs(2)))
-        .set_number_of_retries(1)
-        .set_max_delay(Duration::from_millis(200))
+struct Scripts {
+    claim: Script,
+    transition: Script,
+    get_claim: Script,
+    drop_lease: Script,
+    put_ticket: Script,
+    decide_ticket: Script,
+}
+
+impl Scripts {
+    fn new() -> Scripts {
+        Scripts {
+            claim: Script::new(&format!("{NOW_MS}{CLAIM_BODY}")),
+            transition: Script::new(&format!("{NOW_MS}{TRANSITION_BODY}")),
+            get_claim: Script::new(&format!("{NOW_MS}{GET_CLAIM_BODY}")),
+            drop_lease: Script::new(DROP_LEASE),
+            put_ticket: Script::new(PUT_TICKET),
+            decide_ticket: Script::new(DECIDE_TICKET),
+        }
+    }
+}
+
+/// The Redis deployment the store talks to, and how to open another connection to it.
+enum Server {
+    /// One server (a primary, with or without replicas).
+    Node(redis::Client),
+    /// A Redis Cluster, by any of its nodes.
+    Cluster(Box<ClusterClient>),
+}
+
+/// A connection to a single server or to a cluster (which routes each command, or each
+/// single-slot pipeline, to the primary that owns its slot, following redirects).
+#[derive(Clone)]
+enum Connection {
+    Node(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Connection::Node(c) => c.req_packed_command(cmd),
+            Connection::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Connection::Node(c) => c.req_packed_commands(pipeline, offset, count),
+            Connection::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Connection::Node(c) => c.get_db(),
+            Connection::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+impl Server {
+    /// A call must fail closed quickly when Redis is down, rather than queue behind reconnect
+    /// attempts: the client retries a little, the gateway never guesses.
+    async fn connect(&self) -> RedisResult<Connection> {
+        match self {
+            Server::Node(client) => {
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(Duration::from_secs(2)))
+                    .set_response_timeout(Some(Duration::from_secs(2)))
+                    .set_number_of_retries(1)
+                    .set_max_delay(Duration::from_millis(200));
+                ConnectionManager::new_with_config(client.clone(), config)
+                    .await
+                    .map(Connection::Node)
+            }
+            Server::Cluster(client) => client.get_async_connection().await.map(Connection::Cluster),
+        }
+    }
+}
+
+impl Connection {
+    /// `cmd`'s reply from every server: the one server, or every node of a cluster (replicas
+    /// included), so a setting is checked wherever a claim may end up.
+    async fn on_every_server(&mut self, cmd: Cmd) -> RedisResult<Vec<Value>> {
+        match self {
+            Connection::Node(connection) => Ok(vec![cmd.query_async(connection).await?]),
+            Connection::Cluster(connection) => {
+                let everywhere = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllNodes, None));
+                match connection.route_command(cmd, everywhere).await? {
+                    Value::Map(replies) => replies
+                        .into_iter()
+                        .map(|(_, reply)| reply.extract_error())
+                        .collect(),
+                    reply => Ok(vec![reply]),
+                }
+            }
+        }
+    }
+}
+
+/// What a write waits for, after it ran, before the gateway acts on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Acknowledgement {
+    /// The server's own reply: with `appendfsync always` the write is on its disk.
+    Local,
+    /// `WAIT n`: `n` replicas received the write (servers before Redis 7.2).
+    Replicated { replicas: u32, timeout_ms: u64 },
+    /// `WAITAOF 1 n`: the write is fsynced on the server and on `n` replicas (Redis 7.2+).
+    Fsynced { replicas: u32, timeout_ms: u64 },
+}
+
+impl Acknowledgement {
+    /// `replicas` acknowledgements on a server of `version` (major, minor).
+    fn for_server(replicas: u32, timeout: Duration, version: (u32, u32)) -> Acknowledgement {
+        let timeout_ms = timeout.as_millis() as u64;
+        match replicas {
+            0 => Acknowledgement::Local,
+            _ if version >= (7, 2) => Acknowledgement::Fsynced {
+                replicas,
+                timeout_ms,
+            },
+            _ => Acknowledgement::Replicated {
+                replicas,
+                timeout_ms,
+            },
+        }
+    }
+
+    /// The command that waits, sent at the end of the write's own pipeline (it waits for
+    /// everything written before it on the same connection).
+    fn command(self) -> Option<Cmd> {
+        let mut cmd;
+        match self {
+            Acknowledgement::Local => return None,
+            Acknowledgement::Replicated {
+                replicas,
+                timeout_ms,
+            } => {
+                cmd = redis::cmd("WAIT");
+                cmd.arg(replicas).arg(timeout_ms);
+            }
+            Acknowledgement::Fsynced {
+                replicas,
+                timeout_ms,
+            } => {
+                cmd = redis::cmd("WAITAOF");
+                cmd.arg(1).arg(replicas).arg(timeout_ms);
+            }
+        }
+        Some(cmd)
+    }
+
+    /// Whether the reply to [`Acknowledgement::command`] is enough; short of it, the write
+    /// does not count and the caller fails closed.
+    fn check(self, reply: &Value) -> Result<(), StoreError> {
+        let int = |value: Option<&Value>| match value {
+            Some(Value::Int(n)) => Some(*n),
+            _ => None,
+        };
+        let (local, acked, wanted) = match (self, reply) {
+            (Acknowledgement::Local, _) => return Ok(()),
+            (Acknowledgement::Replicated { replicas, .. }, reply) => {
+                (Some(1), int(Some(reply)), replicas)
+            }
+            (Acknowledgement::Fsynced { replicas, .. }, Value::Array(counts)) => {
+                (int(counts.first()), int(counts.get(1)), replicas)
+            }
+            (Acknowledgement::Fsynced { replicas, .. }, _) => (None, None, replicas),
+        };
+        let (Some(local), Some(acked)) = (local, acked) else {
+            return Err(failed(format!(
+                "unexpected reply to the Redis acknowledgement: {reply:?}"
+            )));
+        };
+        if local < 1 {
+            tracing::error!("Redis did not fsync a write; failing the call closed");
+            return Err(failed("the Redis server did not fsync the write"));
+        }
+        if acked < i64::from(wanted) {
+            tracing::error!(
+                acked,
+                wanted,
+                "Redis replicas did not acknowledge a write; failing the call closed"
+            );
+            return Err(failed(format!(
+                "{acked} of {wanted} Redis replicas acknowledged the write"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Whether a command's reply goes back to the caller.
+#[derive(Debug, Clone, Copy)]
+enum Reply {
+    Keep,
+    Ignore,
+}
+
+/// Writes sent together, in groups whose keys share a hash slot. On one server every group
+/// travels in one pipeline (one round trip); on a cluster, where a pipeline must stay within
+/// one slot, each group is a pipeline of its own, sent in order. The acknowledgement rides at
+/// the end of every pipeline. Every command must be safe to send twice: a pipeline is resent
+/// after its script had to be loaded, and the cluster client resends after a lost connection.
+#[derive(Default)]
+struct Writes {
+    groups: Vec<Vec<(Cmd, Reply)>>,
+}
+
+impl Writes {
+    /// Starts a group of commands on one hash slot.
+    fn group(&mut self) -> Group<'_> {
+        self.groups.push(Vec::new());
+        Group(self.groups.last_mut().expect("just pushed"))
+    }
+}
+
+struct Group<'a>(&'a mut Vec<(Cmd, Reply)>);
+
+impl Group<'_> {
+    fn keep(&mut self, cmd: Cmd) -> &mut Self {
+        self.0.push((cmd, Reply::Keep));
+        self
+    }
+
+    fn ignore(&mut self, cmd: Cmd) -> &mut Self {
+        self.0.push((cmd, Reply::Ignore));
+        self
+    }
+}
+
+/// What came back from [`Writes`]: the kept replies in order, and whether the writes were
+/// acknowledged as configured.
+struct Sent {
+    replies: Vec<Value>,
+    acknowledged: Result<(), StoreError>,
 }
 
 fn failed(error: impl std::fmt::Display) -> StoreError {
@@ -163,30 +413,82 @@ fn claim_key(key: &ClaimKey) -> (String, String, String) {
     )
 }
 
+/// A reservation's lease index entry. GT: a racer that loses the compare-and-set cannot
+/// lower a live entry's lease.
+fn lease_entry(slot: &str, until_ms: u64) -> Cmd {
+    let mut cmd = redis::cmd("ZADD");
+    cmd.arg(LEASES).arg("GT").arg(until_ms).arg(slot);
+    cmd
+}
+
+fn drop_lease_entry(slot: &str, until_ms: u64) -> Cmd {
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(DROP_LEASE)
+        .arg(1)
+        .arg(LEASES)
+        .arg(slot)
+        .arg(until_ms);
+    cmd
+}
+
 impl RedisStore {
-    /// Connects; fails fast when Redis is unreachable.
+    /// Connects to one server (`redis://…`); fails fast when it is unreachable or unsafe.
     pub async fn connect(url: &str) -> Result<RedisStore, StoreError> {
         let client = redis::Client::open(url).map_err(|e| failed(redact(&e.to_string(), url)))?;
-        let connection = ConnectionManager::new_with_config(client.clone(), manager_config())
-            .await
-            .map_err(|e| failed(redact(&e.to_string(), url)))?;
-        check_durability(&mut connection.clone()).await?;
+        RedisStore::open(Server::Node(client), &[url]).await
+    }
+
+    /// Connects to a Redis Cluster through any of `nodes` (it discovers the rest); fails fast
+    /// when the cluster is unreachable or any node is unsafe.
+    pub async fn connect_cluster(nodes: &[String]) -> Result<RedisStore, StoreError> {
+        let urls: Vec<&str> = nodes.iter().map(String::as_str).collect();
+        let redact_all = |error: &dyn std::fmt::Display| {
+            failed(
+                urls.iter()
+                    .fold(error.to_string(), |message, url| redact(&message, url)),
+            )
+        };
+        let client = ClusterClient::builder(urls.clone())
+            .connection_timeout(Duration::from_secs(2))
+            .response_timeout(Duration::from_secs(2))
+            // Enough to follow redirects and wait out a slot migration's TRYAGAIN (20 ms to
+            // 0.5 s apart, about a second in all, not the client's default of seconds per
+            // retry); the scripts are safe to run twice, so a resend after a lost reply is
+            // harmless.
+            .retries(6)
+            // Retries included, a call fails closed within 5 s rather than waiting out every
+            // retry's own response timeout.
+            .overall_response_timeout(Some(Duration::from_secs(5)))
+            .retry_wait_formula(10, 2)
+            .min_retry_wait(20)
+            .max_retry_wait(500)
+            .build()
+            .map_err(|e| redact_all(&e))?;
+        RedisStore::open(Server::Cluster(Box::new(client)), &urls).await
+    }
+
+    async fn open(server: Server, urls: &[&str]) -> Result<RedisStore, StoreError> {
+        let mut connection = server.connect().await.map_err(|e| {
+            failed(
+                urls.iter()
+                    .fold(e.to_string(), |message, url| redact(&message, url)),
+            )
+        })?;
+        check_durability(&mut connection).await?;
         Ok(RedisStore {
             connections: Arc::new(vec![connection]),
             next_connection: Arc::default(),
-            client: Arc::new(client),
-            claim: Arc::new(Script::new(&format!("{NOW_MS}{CLAIM_BODY}"))),
-            transition: Arc::new(Script::new(&format!("{NOW_MS}{TRANSITION_BODY}"))),
-            get_claim: Arc::new(Script::new(&format!("{NOW_MS}{GET_CLAIM_BODY}"))),
-            drop_lease: Arc::new(Script::new(DROP_LEASE)),
-            put_ticket: Arc::new(Script::new(PUT_TICKET)),
-            decide_ticket: Arc::new(Script::new(DECIDE_TICKET)),
+            server: Arc::new(server),
+            scripts: Arc::new(Scripts::new()),
             syncs: Arc::new(AtomicU64::new(0)),
-            retention_s: super::DEFAULT_RETENTION.as_secs(),
-            replicas: Replicas {
-                count: 0,
-                timeout_ms: 0,
+            writer: {
+                let mut bytes = [0u8; 8];
+                getrandom::fill(&mut bytes).expect("the OS random source is available");
+                u64::from_le_bytes(bytes)
             },
+            writes: Arc::new(AtomicU64::new(0)),
+            retention_s: super::DEFAULT_RETENTION.as_secs(),
+            acknowledgement: Acknowledgement::Local,
             unsafe_settings: Arc::default(),
         })
     }
@@ -197,70 +499,137 @@ impl RedisStore {
         self
     }
 
-    /// Counts a write as done only once `count` replicas acknowledged it (`WAIT`), waiting
-    /// at most `timeout`: a failover then cannot lose what the gateway acted on. Opens a few
-    /// more connections, so that concurrent writes wait side by side.
+    /// Counts a write as done only once `count` replicas acknowledged it (`WAITAOF` on Redis
+    /// 7.2 and later, which also waits for their fsync; `WAIT` before), waiting at most
+    /// `timeout`: a failover then cannot lose what the gateway acted on. Opens a few more
+    /// connections, so that concurrent writes wait side by side.
     pub async fn with_replicas(
         mut self,
         count: u32,
         timeout: Duration,
     ) -> Result<RedisStore, StoreError> {
         const POOL: usize = 8;
-        self.replicas = Replicas {
-            count,
-            timeout_ms: timeout.as_millis() as u64,
-        };
+        let version = server_version(&mut self.connection()).await?;
+        self.acknowledgement = Acknowledgement::for_server(count, timeout, version);
         if count > 0 {
             let mut connections = Vec::with_capacity(POOL);
             for _ in 0..POOL {
-                connections.push(
-                    ConnectionManager::new_with_config((*self.client).clone(), manager_config())
-                        .await
-                        .map_err(failed)?,
-                );
+                connections.push(self.server.connect().await.map_err(failed)?);
             }
             self.connections = Arc::new(connections);
         }
+        tracing::info!(
+            acknowledgement = ?self.acknowledgement,
+            "Redis {}.{}",
+            version.0,
+            version.1
+        );
         Ok(self)
     }
 
+    /// A write id no other write of any gateway uses: this store's random id and a count.
+    fn write_id(&self) -> String {
+        let n = self.writes.fetch_add(1, Ordering::Relaxed);
+        format!("{:016x}.{n:x}", self.writer)
+    }
+
     /// The next connection, round robin.
-    fn connection(&self) -> ConnectionManager {
+    fn connection(&self) -> Connection {
         let at = self.next_connection.fetch_add(1, Ordering::Relaxed) % self.connections.len();
         self.connections[at].clone()
     }
 
-    /// Waits for the configured replicas to acknowledge every write made so far on this
-    /// gateway's connection. Short of them, the write does not count: the caller fails closed.
-    async fn acknowledged(
+    /// Sends `writes` with the configured acknowledgement. A script not loaded yet (first
+    /// use, or a restarted server) is loaded and the writes resent.
+    async fn send(&self, writes: Writes, connection: &mut Connection) -> RedisResult<Sent> {
+        let pipelines = self.pipelines(writes);
+        match self.send_once(&pipelines, connection).await {
+            Err(error)
+                if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+            {
+                self.scripts.claim.load_async(connection).await?;
+                self.scripts.transition.load_async(connection).await?;
+                self.send_once(&pipelines, connection).await
+            }
+            other => other,
+        }
+    }
+
+    /// One pipeline on a single server; one per group on a cluster. Each ends with the
+    /// acknowledgement, if one is configured.
+    fn pipelines(&self, writes: Writes) -> Vec<redis::Pipeline> {
+        let groups: Vec<Vec<(Cmd, Reply)>> = match *self.server {
+            Server::Node(_) => vec![writes.groups.into_iter().flatten().collect()],
+            Server::Cluster(_) => writes.groups,
+        };
+        let acknowledgement = self.acknowledgement.command();
+        groups
+            .into_iter()
+            .filter(|group| !group.is_empty())
+            .map(|group| {
+                let mut pipe = redis::pipe();
+                for (cmd, reply) in group {
+                    pipe.add_command(cmd);
+                    if let Reply::Ignore = reply {
+                        pipe.ignore();
+                    }
+                }
+                if let Some(acknowledgement) = &acknowledgement {
+                    pipe.add_command(acknowledgement.clone());
+                }
+                pipe
+            })
+            .collect()
+    }
+
+    async fn send_once(
         &self,
-        connection: &mut ConnectionManager,
-        pipelined: Option<u32>,
+        pipelines: &[redis::Pipeline],
+        connection: &mut Connection,
+    ) -> RedisResult<Sent> {
+        let mut sent = Sent {
+            replies: Vec::new(),
+            acknowledged: Ok(()),
+        };
+        for pipe in pipelines {
+            // Test builds can lose every first reply: the server ran the pipeline, and it is
+            // sent again (what the cluster client does after a dropped connection).
+            #[cfg(feature = "test-util")]
+            if crate::failpoint::active("redis_resend") {
+                let _: RedisResult<Vec<Value>> = pipe.query_async(connection).await;
+            }
+            let mut replies: Vec<Value> = pipe.query_async(connection).await?;
+            if self.acknowledgement != Acknowledgement::Local {
+                let reply = replies.pop().unwrap_or(Value::Nil);
+                if sent.acknowledged.is_ok() {
+                    sent.acknowledged = self.acknowledgement.check(&reply);
+                }
+            }
+            sent.replies.extend(replies);
+        }
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        Ok(sent)
+    }
+
+    /// After a reply was lost, waits for the acknowledgement of what is stored now: a
+    /// harmless write to the claim (its TTL, set again) makes the wait cover the write whose
+    /// reply was lost, whichever connection sent it.
+    async fn acknowledge_claim(
+        &self,
+        claim: &str,
+        connection: &mut Connection,
     ) -> Result<(), StoreError> {
-        if self.replicas.count == 0 {
+        if self.acknowledgement == Acknowledgement::Local {
             return Ok(());
         }
-        let acked: u32 = match pipelined {
-            Some(acked) => acked,
-            None => redis::cmd("WAIT")
-                .arg(self.replicas.count)
-                .arg(self.replicas.timeout_ms)
-                .query_async(connection)
-                .await
-                .map_err(failed)?,
-        };
-        if acked < self.replicas.count {
-            tracing::error!(
-                acked,
-                wanted = self.replicas.count,
-                "Redis replicas did not acknowledge a write; failing the call closed"
-            );
-            return Err(failed(format!(
-                "{acked} of {} Redis replicas acknowledged the write",
-                self.replicas.count
-            )));
-        }
-        Ok(())
+        let mut writes = Writes::default();
+        writes
+            .group()
+            .ignore(Cmd::expire(claim, self.retention_s as i64));
+        self.send(writes, connection)
+            .await
+            .map_err(failed)?
+            .acknowledged
     }
 
     /// Checks the server's persistence and eviction settings again (a Redis restarted or
@@ -290,14 +659,16 @@ impl RedisStore {
             return Err(StoreError(reason));
         }
         let mut connection = self.connection();
-        let (claimed, pipelined) = self.claim_unacknowledged(key, record, &connection).await?;
-        if let Err(error) = self.acknowledged(&mut connection, pipelined).await {
+        let (claimed, acknowledged) = self
+            .claim_unacknowledged(key, record, &mut connection)
+            .await?;
+        if let Err(error) = acknowledged {
             // Acquired but not acknowledged: nothing is sent, so the reserved attempt is
             // released (best effort) rather than left to be settled as a possible effect.
             if claimed == Claim::Acquired && record.reserved_lease().is_some() {
                 let released = record.release_unsent(crate::clock::now_ms());
                 let _ = self
-                    .transition_unacknowledged(key, record, &released, None, &connection)
+                    .transition_unacknowledged(key, record, &released, None, &mut connection)
                     .await;
             }
             return Err(error);
@@ -305,117 +676,63 @@ impl RedisStore {
         Ok(claimed)
     }
 
+    /// The claim and whether it was acknowledged.
     async fn claim_unacknowledged(
         &self,
         key: &ClaimKey,
         record: &ClaimRecord,
-        connection: &ConnectionManager,
-    ) -> Result<(Claim, Option<u32>), StoreError> {
+        connection: &mut Connection,
+    ) -> Result<(Claim, Result<(), StoreError>), StoreError> {
         let (claim, _, _) = claim_key(key);
-        // The replicas' acknowledgement, when it rides in the claim's own round trip.
-        let mut pipelined = None;
         let json = serde_json::to_string(record).map_err(failed)?;
-        let remaining = remaining_lease(record);
-        let mut connection = connection.clone();
-        let invoke = |connection: &mut ConnectionManager| {
-            let mut invocation = self.claim.key(&claim);
-            invocation
-                .arg(&json)
-                .arg(record.version)
-                .arg(self.retention_s)
-                .arg(&remaining);
-            let mut connection = connection.clone();
-            async move {
-                invocation
-                    .invoke_async::<Vec<redis::Value>>(&mut connection)
-                    .await
-            }
-        };
-        let reply = match record.reserved_lease() {
-            // The lease index entry and the claim in one round trip: the entry first, so a
-            // claim is never reserved without one (a stale entry is dropped by the sweeper).
-            Some(until) => {
-                let mut pipe = redis::pipe();
-                pipe.cmd("ZADD")
-                    .arg(LEASES)
-                    .arg("GT")
-                    .arg(until)
-                    .arg(key.slot())
-                    .ignore()
-                    .cmd("EVALSHA")
-                    .arg(self.claim.get_hash())
-                    .arg(1)
-                    .arg(&claim)
-                    .arg(&json)
-                    .arg(record.version)
-                    .arg(self.retention_s)
-                    .arg(&remaining);
-                if self.replicas.count > 0 {
-                    pipe.cmd("WAIT")
-                        .arg(self.replicas.count)
-                        .arg(self.replicas.timeout_ms);
-                }
-                let piped = pipe
-                    .query_async::<Vec<redis::Value>>(&mut connection)
-                    .await
-                    .and_then(|mut replies| {
-                        let acked = match replies.get(1) {
-                            Some(redis::Value::Int(acked)) => Some(*acked as u32),
-                            _ => None,
-                        };
-                        match replies.drain(..).next() {
-                            Some(redis::Value::Array(reply)) => Ok((reply, acked)),
-                            _ => Err(redis::RedisError::from((
-                                redis::ErrorKind::Client,
-                                "unexpected claim pipeline reply",
-                            ))),
-                        }
-                    });
-                match piped {
-                    Ok((reply, acked)) => {
-                        pipelined = acked;
-                        Ok(reply)
-                    }
-                    // Not loaded yet (first use, or Redis restarted): the index entry is
-                    // written; the script is loaded and run by the ordinary invocation.
-                    Err(error)
-                        if error.kind()
-                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-                    {
-                        invoke(&mut connection).await
-                    }
-                    Err(error) => Err(error),
-                }
-            }
-            None => invoke(&mut connection).await,
-        };
-        let reply = match reply {
+        let mut writes = Writes::default();
+        // The lease index entry before the claim, so a claim is never reserved without one
+        // (a stale entry is dropped by the sweeper).
+        if let Some(until) = record.reserved_lease() {
+            writes.group().ignore(lease_entry(&key.slot(), until));
+        }
+        let mut script = redis::cmd("EVALSHA");
+        script
+            .arg(self.scripts.claim.get_hash())
+            .arg(1)
+            .arg(&claim)
+            .arg(&json)
+            .arg(record.version)
+            .arg(self.retention_s)
+            .arg(remaining_lease(record))
+            .arg(self.write_id());
+        writes.group().keep(script);
+        let sent = match self.send(writes, connection).await {
+            Ok(sent) => sent,
             Err(error) if ambiguous(&error) => {
                 // The script may have run: a record with our receipt id at version 1 is ours.
                 tracing::warn!(
                     "a claim reply was lost ({error}); reading the claim to see what happened"
                 );
                 return match self.get(key).await? {
-                    Some(stored) if same_record(&stored, record) => Ok((Claim::Acquired, None)),
-                    Some(stored) => Ok((Claim::Existing(Box::new(stored)), None)),
+                    Some(stored) if same_record(&stored, record) => Ok((
+                        Claim::Acquired,
+                        self.acknowledge_claim(&claim, connection).await,
+                    )),
+                    Some(stored) => Ok((Claim::Existing(Box::new(stored)), Ok(()))),
                     None => Err(failed(error)),
                 };
             }
-            other => other,
+            Err(error) => return Err(failed(error)),
         };
-        let (found, existing, lease_end, server_now) = reply
-            .map(|reply| decode_claim_reply(&reply))
-            .map_err(failed)??;
-        self.syncs.fetch_add(1, Ordering::Relaxed);
+        let Some(Value::Array(reply)) = sent.replies.first() else {
+            return Err(failed("unexpected claim script reply"));
+        };
+        let (found, existing, lease_end, server_now) = decode_claim_reply(reply)?;
         match (found, existing) {
-            (0, _) => Ok((Claim::Acquired, pipelined)),
+            (0, _) => Ok((Claim::Acquired, sent.acknowledged)),
             (_, Some(json)) => Ok((
                 Claim::Existing(Box::new(on_local_clock(
                     serde_json::from_str(&json).map_err(failed)?,
                     lease_end,
                     server_now,
                 ))),
-                pipelined,
+                sent.acknowledged,
             )),
             _ => Err(failed("claim script returned no record")),
         }
@@ -429,15 +746,15 @@ impl RedisStore {
         receipt: Option<&Receipt>,
     ) -> Result<bool, StoreError> {
         let mut connection = self.connection();
-        let (done, pipelined) = self
-            .transition_unacknowledged(key, expected, next, receipt, &connection)
+        let (done, acknowledged) = self
+            .transition_unacknowledged(key, expected, next, receipt, &mut connection)
             .await?;
-        if done && let Err(error) = self.acknowledged(&mut connection, pipelined).await {
+        if done && let Err(error) = acknowledged {
             // A reservation that does not count is not sent: it is released (best effort).
             if next.reserved_lease().is_some() {
                 let released = next.release_unsent(crate::clock::now_ms());
                 let _ = self
-                    .transition_unacknowledged(key, next, &released, None, &connection)
+                    .transition_unacknowledged(key, next, &released, None, &mut connection)
                     .await;
             }
             return Err(error);
@@ -445,17 +762,19 @@ impl RedisStore {
         Ok(done)
     }
 
+    /// Whether the transition happened, and whether it was acknowledged.
     async fn transition_unacknowledged(
         &self,
         key: &ClaimKey,
         expected: &ClaimRecord,
         next: &ClaimRecord,
         receipt: Option<&Receipt>,
-        connection: &ConnectionManager,
-    ) -> Result<(bool, Option<u32>), StoreError> {
+        connection: &mut Connection,
+    ) -> Result<(bool, Result<(), StoreError>), StoreError> {
         if next.version != expected.version + 1 {
             return Err(super::version_step(expected.version, next.version));
         }
+        let slot = key.slot();
         let (claim, receipt_key, audit_key) = claim_key(key);
         let receipt_json = receipt
             .map(serde_json::to_string)
@@ -465,109 +784,60 @@ impl RedisStore {
         let event = receipt
             .map(|r| super::audit_event(r).to_string())
             .unwrap_or_default();
-        let next_json = serde_json::to_string(next).map_err(failed)?;
-        let remaining = remaining_lease(next);
-        let mut connection = connection.clone();
-        let mut pipe = redis::pipe();
-        // Everything outside the claim's hash tag goes in the same round trip, before the
-        // script: the lease index entry of a new reservation (so a reserved claim always has
-        // one), and a receipt's pointer and listing entry (so a receipt is findable the
-        // moment it exists; readers skip an entry whose receipt was never written).
+        let mut writes = Writes::default();
+        // Before the script: the lease index entry of a new reservation (so a reserved claim
+        // always has one), and a receipt's pointer and listing entry (so a receipt is
+        // findable the moment it exists; readers skip an entry whose receipt was never
+        // written).
         if let Some(until) = next.reserved_lease() {
-            // GT: a racer that loses the compare-and-set cannot lower a live entry's lease.
-            pipe.cmd("ZADD")
-                .arg(LEASES)
-                .arg("GT")
-                .arg(until)
-                .arg(key.slot())
-                .ignore();
+            writes.group().ignore(lease_entry(&slot, until));
         }
         if let Some(receipt) = receipt {
-            index_receipt(&mut pipe, receipt, &receipt_key, self.retention_s);
+            index_receipt(&mut writes, receipt, &receipt_key, self.retention_s);
         }
-        pipe.cmd("EVALSHA")
-            .arg(self.transition.get_hash())
+        let mut script = redis::cmd("EVALSHA");
+        script
+            .arg(self.scripts.transition.get_hash())
             .arg(3)
             .arg(&claim)
             .arg(&receipt_key)
             .arg(&audit_key)
             .arg(expected.version)
             .arg(next.version)
-            .arg(&next_json)
+            .arg(serde_json::to_string(next).map_err(failed)?)
             .arg(self.retention_s)
             .arg(&receipt_json)
             .arg(&event)
-            .arg(&remaining);
-        // A claim leaving `Reserved` drops its lease index entry in the same round trip. It
-        // runs whatever the script decided, and is harmless when the script refused: it drops
-        // only an entry no later than the lease this transition started from, never the entry
-        // of a later reservation.
-        let leaves_reserved = next.reserved_lease().is_none();
-        if leaves_reserved {
-            pipe.cmd("EVAL")
-                .arg(DROP_LEASE)
-                .arg(1)
-                .arg(LEASES)
-                .arg(key.slot())
-                .arg(expected.lease_until_ms)
-                .ignore();
+            .arg(remaining_lease(next))
+            .arg(self.write_id());
+        writes.group().keep(script);
+        // A claim leaving `Reserved` drops its lease index entry. It runs whatever the script
+        // decided, and is harmless when the script refused: it drops only an entry no later
+        // than the lease this transition started from, never the entry of a later
+        // reservation.
+        if next.reserved_lease().is_none() {
+            writes
+                .group()
+                .ignore(drop_lease_entry(&slot, expected.lease_until_ms));
         }
-        if self.replicas.count > 0 {
-            pipe.cmd("WAIT")
-                .arg(self.replicas.count)
-                .arg(self.replicas.timeout_ms);
-        }
-        // The replicas' acknowledgement, when it rides in the transition's own round trip.
-        let mut pipelined = None;
-        let reply = match pipe.query_async::<Vec<redis::Value>>(&mut connection).await {
-            Err(error)
-                if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-            {
-                // Not loaded yet: the indexes are written; load and run the script.
-                self.transition
-                    .key(&claim)
-                    .key(&receipt_key)
-                    .key(&audit_key)
-                    .arg(expected.version)
-                    .arg(next.version)
-                    .arg(&next_json)
-                    .arg(self.retention_s)
-                    .arg(&receipt_json)
-                    .arg(&event)
-                    .arg(&remaining)
-                    .invoke_async::<i64>(&mut connection)
-                    .await
-            }
-            other => other.and_then(|replies| {
-                pipelined = match replies.get(1) {
-                    Some(redis::Value::Int(acked)) => Some(*acked as u32),
-                    _ => None,
-                };
-                match replies.first() {
-                    Some(redis::Value::Int(done)) => Ok(*done),
-                    _ => Err(redis::RedisError::from((
-                        redis::ErrorKind::Client,
-                        "unexpected transition pipeline reply",
-                    ))),
-                }
-            }),
-        };
-        let done = match reply {
-            Ok(done) => done,
+        let sent = match self.send(writes, connection).await {
+            Ok(sent) => sent,
             Err(error) if ambiguous(&error) => {
                 // The script may have run: what is stored now says whether it did.
-                return self
-                    .settle_ambiguous(key, expected, next, &error)
-                    .await
-                    .map(|done| (done, None));
+                let done = self.settle_ambiguous(key, expected, next, &error).await?;
+                let acknowledged = match done {
+                    true => self.acknowledge_claim(&claim, connection).await,
+                    false => Ok(()),
+                };
+                return Ok((done, acknowledged));
             }
             Err(error) => return Err(failed(error)),
         };
-        self.syncs.fetch_add(1, Ordering::Relaxed);
-        match done {
-            -1 => Err(super::gone(&key.slot())),
-            1 => Ok((true, pipelined)),
-            _ => Ok((false, pipelined)),
+        match sent.replies.first() {
+            Some(Value::Int(-1)) => Err(super::gone(&slot)),
+            Some(Value::Int(1)) => Ok((true, sent.acknowledged)),
+            Some(Value::Int(_)) => Ok((false, Ok(()))),
+            _ => Err(failed("unexpected transition script reply")),
         }
     }
 
@@ -595,7 +865,8 @@ impl RedisStore {
     /// reservation's entry stays).
     async fn drop_lease(&self, slot: &str, until_ms: u64) -> Result<(), StoreError> {
         let mut connection = self.connection();
-        self.drop_lease
+        self.scripts
+            .drop_lease
             .key(LEASES)
             .arg(slot)
             .arg(until_ms)
@@ -648,27 +919,27 @@ impl RedisStore {
 
     /// A refused call's receipt: no claim, so it lives under its own key.
     pub async fn record_refusal(&self, receipt: &Receipt) -> Result<(), StoreError> {
-        let mut connection = self.connection();
         let location = format!("obol:refusal:{}:{}", receipt.workspace, receipt.id);
         let json = serde_json::to_string(receipt).map_err(failed)?;
-        let mut pipe = redis::pipe();
-        index_receipt(&mut pipe, receipt, &location, self.retention_s);
-        pipe.set_ex(&location, json, self.retention_s)
-            .ignore()
-            .cmd("XADD")
+        let mut writes = Writes::default();
+        index_receipt(&mut writes, receipt, &location, self.retention_s);
+        writes
+            .group()
+            .ignore(Cmd::set_ex(&location, json, self.retention_s));
+        let mut event = redis::cmd("XADD");
+        event
             .arg(format!("obol:refusals:{}", receipt.workspace))
             .arg("MAXLEN")
             .arg("~")
             .arg(10_000)
             .arg("*")
             .arg("event")
-            .arg(super::audit_event(receipt).to_string())
-            .ignore()
-            .query_async::<()>(&mut connection)
+            .arg(super::audit_event(receipt).to_string());
+        writes.group().ignore(event);
+        self.send(writes, &mut self.connection())
             .await
-            .map_err(failed)?;
-        self.syncs.fetch_add(1, Ordering::Relaxed);
-        Ok(())
+            .map_err(failed)?
+            .acknowledged
     }
 
     pub async fn get(&self, key: &ClaimKey) -> Result<Option<ClaimRecord>, StoreError> {
@@ -679,6 +950,7 @@ impl RedisStore {
     async fn get_slot(&self, slot: &str) -> Result<Option<ClaimRecord>, StoreError> {
         let mut connection = self.connection();
         let (json, lease_end, server_now): (Option<String>, i64, i64) = self
+            .scripts
             .get_claim
             .key(format!("obol:{{{slot}}}:claim"))
             .invoke_async(&mut connection)
@@ -729,6 +1001,8 @@ impl RedisStore {
         Ok(out)
     }
 
+    /// A registry write (a key, a revocation, a publication) counts once acknowledged, like a
+    /// claim: a failover must not bring back a revoked key.
     pub async fn registry_write(
         &self,
         registry: Registry,
@@ -736,20 +1010,21 @@ impl RedisStore {
         value: &str,
         mode: RegistryWrite,
     ) -> Result<bool, StoreError> {
-        let mut connection = self.connection();
         let hash = format!("obol:registry:{}", registry.as_str());
-        let written: bool = if mode == RegistryWrite::InsertOnly {
-            connection
-                .hset_nx(hash, name, value)
-                .await
-                .map_err(failed)?
-        } else {
-            let _: i64 = connection.hset(hash, name, value).await.map_err(failed)?;
-            true
-        };
-        self.syncs.fetch_add(1, Ordering::Relaxed);
-        self.acknowledged(&mut connection, None).await?;
-        Ok(written)
+        let mut writes = Writes::default();
+        writes.group().keep(match mode {
+            RegistryWrite::InsertOnly => Cmd::hset_nx(hash, name, value),
+            RegistryWrite::Overwrite => Cmd::hset(hash, name, value),
+        });
+        let sent = self
+            .send(writes, &mut self.connection())
+            .await
+            .map_err(failed)?;
+        sent.acknowledged?;
+        Ok(match mode {
+            RegistryWrite::InsertOnly => matches!(sent.replies.first(), Some(Value::Int(1))),
+            RegistryWrite::Overwrite => true,
+        })
     }
 
     pub async fn registry(
@@ -766,6 +1041,7 @@ impl RedisStore {
     pub async fn put_ticket(&self, ticket: &Ticket) -> Result<(), StoreError> {
         let mut connection = self.connection();
         let created: i64 = self
+            .scripts
             .put_ticket
             .key(ticket_key(&ticket.id))
             .arg(serde_json::to_string(ticket).map_err(failed)?)
@@ -775,8 +1051,8 @@ impl RedisStore {
             .map_err(failed)?;
         if created != 0 {
             let stream = format!("obol:approvals:{}", ticket.workspace);
-            redis::pipe()
-                .cmd("XADD")
+            let mut entry = redis::cmd("XADD");
+            entry
                 .arg(&stream)
                 .arg("MAXLEN")
                 .arg("~")
@@ -793,21 +1069,18 @@ impl RedisStore {
                 .arg("destination")
                 .arg(&ticket.destination)
                 .arg("expires_at_ms")
-                .arg(ticket.expires_at_ms)
-                .ignore()
-                .expire(&stream, self.retention_s as i64)
-                .ignore()
-                // Marked only if the ticket still exists: one whose expiry already passed is
-                // gone by now, and an unconditional HSET would leave a fragment without a TTL
-                // that blocks every later repair.
-                .cmd("EVAL")
-                .arg("if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('HSET', KEYS[1], 'x', 1) end return 0")
+                .arg(ticket.expires_at_ms);
+            let mut mark = redis::cmd("EVAL");
+            mark.arg(MARK_TICKET_LISTED)
                 .arg(1)
-                .arg(ticket_key(&ticket.id))
-                .ignore()
-                .query_async::<()>(&mut connection)
-                .await
-                .map_err(failed)?;
+                .arg(ticket_key(&ticket.id));
+            let mut writes = Writes::default();
+            writes
+                .group()
+                .ignore(entry)
+                .ignore(Cmd::expire(&stream, self.retention_s as i64));
+            writes.group().ignore(mark);
+            self.send(writes, &mut connection).await.map_err(failed)?;
         }
         Ok(())
     }
@@ -861,6 +1134,7 @@ impl RedisStore {
         };
         let mut connection = self.connection();
         let done: i64 = self
+            .scripts
             .decide_ticket
             .key(ticket_key(id))
             .arg(status)
@@ -937,18 +1211,18 @@ fn same_record(stored: &ClaimRecord, written: &ClaimRecord) -> bool {
 /// Adds a receipt's pointer (`obol:receipt:{workspace}:{id}` → where it lives) and its
 /// listing entry to `pipe`. Written before the receipt itself: a reader that follows either
 /// to nothing skips it.
-fn index_receipt(pipe: &mut redis::Pipeline, receipt: &Receipt, location: &str, retention_s: u64) {
+fn index_receipt(writes: &mut Writes, receipt: &Receipt, location: &str, retention_s: u64) {
     let index = format!("obol:receipts:{}", receipt.workspace);
     let pointer = format!("obol:receipt:{}:{}", receipt.workspace, receipt.id);
     let horizon = receipt.finalized_at_ms.saturating_sub(retention_s * 1000);
-    pipe.set_ex(&pointer, location, retention_s)
-        .ignore()
-        .zadd(&index, &receipt.id, receipt.finalized_at_ms)
-        .ignore()
-        .zrembyscore(&index, 0, horizon)
-        .ignore()
-        .expire(&index, retention_s as i64)
-        .ignore();
+    writes
+        .group()
+        .ignore(Cmd::set_ex(&pointer, location, retention_s));
+    writes
+        .group()
+        .ignore(Cmd::zadd(&index, &receipt.id, receipt.finalized_at_ms))
+        .ignore(Cmd::zrembyscore(&index, 0, horizon))
+        .ignore(Cmd::expire(&index, retention_s as i64));
 }
 
 /// The settings under which what Redis acknowledges is what it keeps: every write fsynced to
@@ -962,27 +1236,71 @@ const REQUIRED: [(&str, &str); 3] = [
 ];
 
 /// Refuses a server whose persistence or eviction settings would lose acknowledged claims,
-/// naming the setting. A server that hides `CONFIG` is refused too: Obol cannot tell.
-async fn check_durability(connection: &mut ConnectionManager) -> Result<(), StoreError> {
+/// naming the setting (and, on a cluster, the first node found wrong). A server that hides
+/// `CONFIG` is refused too: Obol cannot tell.
+async fn check_durability(connection: &mut Connection) -> Result<(), StoreError> {
     for (setting, wanted) in REQUIRED {
-        let reply: Vec<String> = redis::cmd("CONFIG")
-            .arg("GET")
-            .arg(setting)
-            .query_async(connection)
-            .await
-            .map_err(|error| {
-                failed(format!(
-                    "could not read the Redis setting {setting} ({error}); Obol needs {setting} {wanted} and checks it with CONFIG GET"
-                ))
-            })?;
-        let actual = reply.get(1).map(String::as_str).unwrap_or("");
-        if actual != wanted {
-            return Err(failed(format!(
-                "Redis runs with {setting} {actual:?}; Obol needs {setting} {wanted}, or acknowledged claims can be lost and a retry could send a call twice (docs/operations.md)"
-            )));
+        let mut get = redis::cmd("CONFIG");
+        get.arg("GET").arg(setting);
+        let replies = connection.on_every_server(get).await.map_err(|error| {
+            failed(format!(
+                "could not read the Redis setting {setting} ({error}); Obol needs {setting} {wanted} and checks it with CONFIG GET"
+            ))
+        })?;
+        for reply in replies {
+            let actual = config_value(&reply).unwrap_or_default();
+            if actual != wanted {
+                return Err(failed(format!(
+                    "Redis runs with {setting} {actual:?}; Obol needs {setting} {wanted}, or acknowledged claims can be lost and a retry could send a call twice (docs/operations.md)"
+                )));
+            }
         }
     }
     Ok(())
+}
+
+/// The value in a `CONFIG GET` reply (an array `[name, value]`, or a map under RESP3).
+fn config_value(reply: &Value) -> Option<String> {
+    match reply {
+        Value::Array(pair) => pair.get(1).and_then(text),
+        Value::Map(pairs) => pairs.first().and_then(|(_, value)| text(value)),
+        _ => None,
+    }
+}
+
+fn text(value: &Value) -> Option<String> {
+    match value {
+        Value::BulkString(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
+        Value::SimpleString(text) => Some(text.clone()),
+        Value::VerbatimString { text, .. } => Some(text.clone()),
+        _ => None,
+    }
+}
+
+/// The oldest server's version (major, minor), from `INFO server` on every node: the
+/// acknowledgement must be one every node understands.
+async fn server_version(connection: &mut Connection) -> Result<(u32, u32), StoreError> {
+    let mut info = redis::cmd("INFO");
+    info.arg("server");
+    let replies = connection
+        .on_every_server(info)
+        .await
+        .map_err(|error| failed(format!("could not read the Redis version ({error})")))?;
+    replies
+        .iter()
+        .map(|reply| text(reply).as_deref().and_then(parse_version))
+        .collect::<Option<Vec<_>>>()
+        .and_then(|versions| versions.into_iter().min())
+        .ok_or_else(|| failed("could not read the Redis version from INFO server"))
+}
+
+/// `redis_version:7.0.15` → (7, 0).
+fn parse_version(info: &str) -> Option<(u32, u32)> {
+    let version = info
+        .lines()
+        .find_map(|line| line.strip_prefix("redis_version:"))?;
+    let mut parts = version.trim().split('.');
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
 }
 
 /// Whether the command may have run although its reply was lost.
@@ -996,11 +1314,6 @@ fn ticket_key(id: &ApprovalId) -> String {
 
 /// The `id` field of every entry of an XRANGE/XREVRANGE reply.
 fn stream_ids(reply: &redis::Value) -> Vec<String> {
-    let text = |value: &redis::Value| match value {
-        redis::Value::BulkString(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
-        redis::Value::SimpleString(text) => Some(text.clone()),
-        _ => None,
-    };
     let redis::Value::Array(entries) = reply else {
         return Vec::new();
     };
@@ -1028,5 +1341,82 @@ fn redact(message: &str, url: &str) -> String {
             message.replace(parsed.password().unwrap_or(""), "***")
         }
         _ => message.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_acknowledgement_follows_the_server_version() {
+        let timeout = Duration::from_millis(500);
+        assert_eq!(
+            Acknowledgement::for_server(0, timeout, (7, 4)),
+            Acknowledgement::Local
+        );
+        assert_eq!(
+            Acknowledgement::for_server(1, timeout, (7, 0)),
+            Acknowledgement::Replicated {
+                replicas: 1,
+                timeout_ms: 500
+            }
+        );
+        let fsynced = Acknowledgement::for_server(2, timeout, (7, 2));
+        assert_eq!(
+            fsynced,
+            Acknowledgement::Fsynced {
+                replicas: 2,
+                timeout_ms: 500
+            }
+        );
+        let packed =
+            String::from_utf8_lossy(&fsynced.command().unwrap().get_packed_command()).into_owned();
+        assert!(
+            packed.contains("WAITAOF") && packed.ends_with("$1\r\n1\r\n$1\r\n2\r\n$3\r\n500\r\n"),
+            "{packed:?}"
+        );
+        assert!(Acknowledgement::Local.command().is_none());
+    }
+
+    #[test]
+    fn short_acknowledgements_fail_closed() {
+        let wait = Acknowledgement::Replicated {
+            replicas: 2,
+            timeout_ms: 1,
+        };
+        assert!(wait.check(&Value::Int(2)).is_ok());
+        assert!(wait.check(&Value::Int(1)).unwrap_err().0.contains("1 of 2"));
+        assert!(wait.check(&Value::Nil).is_err());
+        let waitaof = Acknowledgement::Fsynced {
+            replicas: 1,
+            timeout_ms: 1,
+        };
+        assert!(
+            waitaof
+                .check(&Value::Array(vec![Value::Int(1), Value::Int(1)]))
+                .is_ok()
+        );
+        assert!(
+            waitaof
+                .check(&Value::Array(vec![Value::Int(0), Value::Int(1)]))
+                .unwrap_err()
+                .0
+                .contains("did not fsync")
+        );
+        assert!(
+            waitaof
+                .check(&Value::Array(vec![Value::Int(1), Value::Int(0)]))
+                .is_err()
+        );
+        assert!(waitaof.check(&Value::Int(1)).is_err());
+    }
+
+    #[test]
+    fn the_version_is_read_from_info() {
+        let info = "# Server\r\nredis_version:7.0.15\r\nredis_git_sha1:00000000\r\n";
+        assert_eq!(parse_version(info), Some((7, 0)));
+        assert_eq!(parse_version("redis_version:7.2.4\n"), Some((7, 2)));
+        assert_eq!(parse_version("# Server\r\n"), None);
     }
 }
