@@ -14,6 +14,7 @@ mod support;
 
 mod admin;
 mod approvals;
+mod hostile;
 mod idempotency;
 mod lifecycle;
 mod policy;

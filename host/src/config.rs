@@ -38,6 +38,8 @@ pub struct Config {
     /// Browser origins allowed to call `/mcp`; requests without an `Origin` header (non-browser
     /// clients) are always accepted.
     pub allowed_origins: Vec<String>,
+    /// What each connection may hold, and for how long (`[server]`).
+    pub limits: crate::listener::Limits,
     pub runtime: RuntimeConfig,
     pub components: Vec<ComponentSource>,
     pub connectors_dir: Option<PathBuf>,
@@ -316,6 +318,13 @@ struct ServerFile {
     environment: Option<String>,
     #[serde(default)]
     allowed_origins: Option<Vec<String>>,
+    max_connections: Option<usize>,
+    header_read_timeout_ms: Option<u64>,
+    idle_timeout_ms: Option<u64>,
+    max_header_bytes: Option<usize>,
+    body_budget_mib: Option<usize>,
+    body_read_timeout_ms: Option<u64>,
+    min_body_bytes_per_s: Option<u64>,
 }
 
 impl Default for ServerFile {
@@ -324,7 +333,68 @@ impl Default for ServerFile {
             listen: default_listen(),
             environment: None,
             allowed_origins: None,
+            max_connections: None,
+            header_read_timeout_ms: None,
+            idle_timeout_ms: None,
+            max_header_bytes: None,
+            body_budget_mib: None,
+            body_read_timeout_ms: None,
+            min_body_bytes_per_s: None,
         }
+    }
+}
+
+impl ServerFile {
+    /// The listener's limits: the defaults, with what the file sets.
+    fn limits(&self) -> Result<crate::listener::Limits, ConfigError> {
+        let invalid = ConfigError::Invalid;
+        let defaults = crate::listener::Limits::default();
+        let ms = Duration::from_millis;
+        let limits = crate::listener::Limits {
+            max_connections: self.max_connections.unwrap_or(defaults.max_connections),
+            header_read_timeout: self
+                .header_read_timeout_ms
+                .map_or(defaults.header_read_timeout, ms),
+            idle_timeout: self.idle_timeout_ms.map_or(defaults.idle_timeout, ms),
+            max_header_bytes: self.max_header_bytes.unwrap_or(defaults.max_header_bytes),
+            body: crate::listener::body::BodyLimits {
+                budget_bytes: self
+                    .body_budget_mib
+                    .map_or(defaults.body.budget_bytes, |mib| mib << 20),
+                read_timeout: self
+                    .body_read_timeout_ms
+                    .map_or(defaults.body.read_timeout, ms),
+                min_bytes_per_s: self
+                    .min_body_bytes_per_s
+                    .unwrap_or(defaults.body.min_bytes_per_s),
+            },
+        };
+        if limits.max_connections < 2 {
+            return Err(invalid(
+                "[server] max_connections must be at least 2".into(),
+            ));
+        }
+        if limits.max_header_bytes < 8192 {
+            return Err(invalid(
+                "[server] max_header_bytes must be at least 8192".into(),
+            ));
+        }
+        if limits.body.budget_bytes < crate::mcp::MAX_BODY_BYTES {
+            return Err(invalid(format!(
+                "[server] body_budget_mib must hold at least one largest body ({} MiB)",
+                crate::mcp::MAX_BODY_BYTES >> 20
+            )));
+        }
+        if [
+            limits.header_read_timeout,
+            limits.idle_timeout,
+            limits.body.read_timeout,
+        ]
+        .contains(&Duration::ZERO)
+        {
+            return Err(invalid("[server] timeouts must be above zero".into()));
+        }
+        Ok(limits)
     }
 }
 
@@ -786,6 +856,7 @@ impl Config {
         Ok(Config {
             listen: file.server.listen,
             environment,
+            limits: file.server.limits()?,
             allowed_origins: file.server.allowed_origins.unwrap_or_default(),
             runtime: RuntimeConfig {
                 memory_limit_bytes: file

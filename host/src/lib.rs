@@ -31,6 +31,7 @@ pub mod gateway;
 pub mod http;
 pub mod idempotency;
 pub mod invoke;
+pub mod listener;
 pub mod mcp;
 pub mod outbound;
 pub mod policy;

@@ -118,9 +118,8 @@ pub async fn serve(config: Config, listener: TcpListener) -> anyhow::Result<()> 
     );
     // Tests and scripts read this line to learn the port.
     println!("obol listening on http://{address}/mcp");
-    axum::serve(listener, app)
-        .with_graceful_shutdown(stop_signal())
-        .await?;
+    let limits = config.limits.clone().fitted_to_descriptors();
+    crate::listener::serve(listener, app, limits, stop_signal(), gateway.services.lease).await;
     // Calls whose clients hung up still run to their final write, and outcomes whose final
     // write failed get one more try, before the process ends: at most one lease.
     gateway.services.owned.drain(gateway.services.lease).await;

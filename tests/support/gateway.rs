@@ -58,6 +58,10 @@ pub struct GatewayConfig {
     pub publications: Vec<(u32, String)>,
     /// The token of `acme`'s owner, who approves held calls in the inbox.
     pub owner: Option<String>,
+    /// More `[server]` settings (listener limits), one per line.
+    pub server: String,
+    /// The gateway's open-file limit (`prlimit --nofile`), for tests that run it out.
+    pub open_files: Option<u64>,
 }
 
 impl GatewayConfig {
@@ -85,6 +89,8 @@ impl GatewayConfig {
             connection_environment: None,
             publications: Vec::new(),
             owner: None,
+            server: String::new(),
+            open_files: None,
         }
     }
 
@@ -126,7 +132,7 @@ impl GatewayConfig {
 
     fn render(&self, dir: &Path) -> String {
         let mut toml = String::new();
-        writeln!(toml, "[server]\nlisten = \"127.0.0.1:0\"").unwrap();
+        writeln!(toml, "[server]\nlisten = \"127.0.0.1:0\"\n{}", self.server).unwrap();
         if let Some(environment) = &self.environment {
             writeln!(toml, "environment = {environment:?}").unwrap();
         }
@@ -278,7 +284,18 @@ impl GatewayProcess {
             std::process::id() as u64 * 1000
                 + LOGS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         ));
-        let mut child = Command::new(env!("CARGO_BIN_EXE_obol"))
+        let mut command = match config.open_files {
+            Some(limit) => {
+                let mut prlimit = Command::new("prlimit");
+                prlimit
+                    .arg(format!("--nofile={limit}:{limit}"))
+                    .arg("--")
+                    .arg(env!("CARGO_BIN_EXE_obol"));
+                prlimit
+            }
+            None => Command::new(env!("CARGO_BIN_EXE_obol")),
+        };
+        let mut child = command
             .arg("serve")
             .arg("--config")
             .arg(&config_path)
@@ -308,6 +325,17 @@ impl GatewayProcess {
             dir,
             log,
         }
+    }
+
+    /// The gateway's peak resident memory so far, in MiB (`VmHWM`).
+    pub fn peak_rss_mib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        let kib: u64 = status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmHWM:"))
+            .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap();
+        kib / 1024
     }
 
     /// Everything the gateway logged so far.

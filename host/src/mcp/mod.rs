@@ -508,8 +508,10 @@ async fn read_capped(headers: &HeaderMap, body: Body) -> Result<Vec<u8>, ObolErr
     let mut stream = body.into_data_stream();
     let mut buffer = Vec::new();
     while let Some(chunk) = stream.next().await {
-        let chunk =
-            chunk.map_err(|_| ObolError::InvalidRequest("the body could not be read".into()))?;
+        let chunk = chunk.map_err(|error| match crate::listener::body::Refusal::of(&error) {
+            Some(refusal) => refusal.to_obol_error(),
+            None => ObolError::InvalidRequest("the body could not be read".into()),
+        })?;
         if buffer.len() + chunk.len() > MAX_BODY_BYTES {
             return Err(too_large);
         }

@@ -1,0 +1,213 @@
+//! Hostile and clumsy clients against the real binary (issue 10): every abuse is bounded, and
+//! a well-behaved client is served during and after it, with nothing reaching the vendor.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::support::{GatewayConfig, GatewayProcess, McpClient, MockVendor, TOKEN};
+
+fn address(gateway: &GatewayProcess) -> String {
+    gateway
+        .url
+        .trim_start_matches("http://")
+        .trim_end_matches("/mcp")
+        .to_owned()
+}
+
+/// A normal client's call: a new session, a tool call, an answer.
+async fn served(gateway: &GatewayProcess) -> Duration {
+    let started = Instant::now();
+    let client = McpClient::connect(&gateway.url, TOKEN).await;
+    let done = client
+        .call("tracker.issues.create", json!({"title": "normal"}))
+        .await
+        .unwrap_or_else(|e| panic!("a normal call was not served: {e:?}\n{}", gateway.log()));
+    assert_eq!(done.is_error, Some(false));
+    started.elapsed()
+}
+
+/// Whether the gateway closed `stream` (EOF or reset) within `within`.
+async fn closed_by_gateway(stream: &mut TcpStream, within: Duration) -> bool {
+    let mut buffer = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        match tokio::time::timeout_at(deadline, stream.read(&mut buffer)).await {
+            Err(_) => return false,
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            // A 503 or 408 before the close.
+            Ok(Ok(_)) => continue,
+        }
+    }
+}
+
+/// Idle connections beyond the cap, and connections dripping a request head, under an
+/// open-file limit they would exhaust: a normal call is still answered, heads that never end
+/// are cut off at the header-read timeout, idle connections at the idle timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_and_slow_connections_cannot_crowd_out_a_call() {
+    let vendor = MockVendor::start().await;
+    let mut config = GatewayConfig::new(&vendor.base_url());
+    config.open_files = Some(256);
+    config.server =
+        "max_connections = 100\nheader_read_timeout_ms = 2000\nidle_timeout_ms = 4000".into();
+    let gateway = GatewayProcess::start(&config);
+    let address = address(&gateway);
+
+    // 300 idle connections: three times the cap, more than the descriptors left.
+    let mut idle = Vec::new();
+    for _ in 0..300 {
+        idle.push(TcpStream::connect(&address).await.unwrap());
+    }
+    // 20 connections that send a request head one header line at a time, forever.
+    let mut dripping = Vec::new();
+    for _ in 0..20 {
+        let mut stream = TcpStream::connect(&address).await.unwrap();
+        stream
+            .write_all(b"POST /mcp HTTP/1.1\r\nhost: 127.0.0.1\r\n")
+            .await
+            .unwrap();
+        dripping.push(stream);
+    }
+    let drip = tokio::spawn(async move {
+        let started = Instant::now();
+        let mut cut = vec![None; dripping.len()];
+        while started.elapsed() < Duration::from_secs(6) {
+            for (n, stream) in dripping.iter_mut().enumerate() {
+                if cut[n].is_none() && stream.write_all(b"x-drip: 1\r\n").await.is_err() {
+                    cut[n] = Some(started.elapsed());
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        for (n, stream) in dripping.iter_mut().enumerate() {
+            if cut[n].is_none() && closed_by_gateway(stream, Duration::from_millis(10)).await {
+                cut[n] = Some(started.elapsed());
+            }
+        }
+        cut
+    });
+
+    let first = served(&gateway).await;
+    let cut = drip.await.unwrap();
+    assert!(
+        cut.iter().all(Option::is_some),
+        "a request head that never ends was kept: {cut:?}"
+    );
+    assert!(
+        cut.iter()
+            .flatten()
+            .all(|after| *after < Duration::from_secs(5)),
+        "{cut:?}"
+    );
+
+    // The idle connections: those that gave way to newer ones are closed already; the rest
+    // are closed at the idle timeout.
+    let mut open_after_timeout = 0;
+    for stream in &mut idle {
+        if !closed_by_gateway(stream, Duration::from_secs(5)).await {
+            open_after_timeout += 1;
+        }
+    }
+    assert_eq!(
+        open_after_timeout, 0,
+        "idle connections outlived the idle timeout"
+    );
+    let after = served(&gateway).await;
+    assert!(
+        !gateway.log().contains("cannot accept"),
+        "{}",
+        gateway.log()
+    );
+    assert_eq!(
+        vendor.count("/repos/acme/app/issues"),
+        2,
+        "only the normal calls"
+    );
+    println!("normal call under abuse: {first:?}; after: {after:?}");
+}
+
+/// Uploads that announce 8 MiB and send all but the last byte: the gateway buffers no more
+/// than its body budget (refusing the rest with `overloaded` before buffering them), cuts the
+/// ones it accepted off at the body-read timeout, keeps its memory bounded, and answers a
+/// normal call meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_uploads_cannot_exhaust_memory() {
+    let vendor = MockVendor::start().await;
+    let mut config = GatewayConfig::new(&vendor.base_url());
+    config.server = "body_budget_mib = 32\nbody_read_timeout_ms = 4000".into();
+    let gateway = GatewayProcess::start(&config);
+    let address = address(&gateway);
+    let before = gateway.peak_rss_mib();
+
+    const BODY: usize = 8 << 20;
+    let uploads: Vec<_> = (0..40)
+        .map(|_| {
+            let address = address.clone();
+            tokio::spawn(async move {
+                let stream = TcpStream::connect(&address).await.unwrap();
+                let (mut reader, mut writer) = stream.into_split();
+                let head = format!(
+                    "POST /mcp HTTP/1.1\r\nhost: {address}\r\nauthorization: Bearer {TOKEN}\r\naccept: application/json, text/event-stream\r\ncontent-type: application/json\r\ncontent-length: {BODY}\r\n\r\n"
+                );
+                // All but the last byte, as fast as the gateway takes them; the last byte never
+                // comes.
+                let sending = tokio::spawn(async move {
+                    let _ = writer.write_all(head.as_bytes()).await;
+                    let chunk = vec![b' '; 64 << 10];
+                    let mut sent = 0;
+                    while sent < BODY - 1 {
+                        let n = chunk.len().min(BODY - 1 - sent);
+                        if writer.write_all(&chunk[..n]).await.is_err() {
+                            break;
+                        }
+                        sent += n;
+                    }
+                    tokio::time::sleep(Duration::from_secs(30)).await;
+                    drop(writer);
+                });
+                // Whatever the gateway answers, it answers within the body-read timeout.
+                let mut answer = Vec::new();
+                let _ = tokio::time::timeout(
+                    Duration::from_secs(10),
+                    reader.read_to_end(&mut answer),
+                )
+                .await;
+                sending.abort();
+                String::from_utf8_lossy(&answer).into_owned()
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let during = served(&gateway).await;
+    let mut overloaded = 0;
+    let mut timed_out = 0;
+    for upload in uploads {
+        let answer = upload.await.unwrap();
+        if answer.contains("\"type\":\"overloaded\"") {
+            overloaded += 1;
+        } else if answer.starts_with("HTTP/1.1 408") && answer.contains("request_timeout") {
+            timed_out += 1;
+        } else {
+            panic!("an upload got {answer:?}");
+        }
+    }
+    let peak = gateway.peak_rss_mib();
+    let after = served(&gateway).await;
+    println!(
+        "40 stalled 8 MiB uploads: {overloaded} refused overloaded, {timed_out} cut off; peak RSS {peak} MiB (at start {before} MiB); normal call during {during:?}, after {after:?}"
+    );
+    // 32 MiB less the eighth kept for small bodies holds three 8 MiB bodies at most.
+    assert!(
+        timed_out <= 3 && overloaded >= 37,
+        "{overloaded} / {timed_out}"
+    );
+    assert!(peak < 256, "peak RSS {peak} MiB");
+    assert_eq!(
+        vendor.count("/repos/acme/app/issues"),
+        2,
+        "only the normal calls"
+    );
+}
