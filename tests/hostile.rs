@@ -7,7 +7,7 @@ use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::support::{GatewayConfig, GatewayProcess, McpClient, MockVendor, TOKEN};
+use crate::support::{GatewayConfig, GatewayProcess, McpClient, MockVendor, RawMcp, TOKEN};
 
 fn address(gateway: &GatewayProcess) -> String {
     gateway
@@ -210,4 +210,98 @@ async fn stalled_uploads_cannot_exhaust_memory() {
         2,
         "only the normal calls"
     );
+}
+
+/// `request` sent as is on a fresh connection; the whole answer (it asks to close).
+async fn raw_http(address: &str, request: &str) -> String {
+    let mut stream = TcpStream::connect(address).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer))
+        .await
+        .expect("the gateway answers and closes")
+        .unwrap();
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// HTTP strictness: a request whose host is ambiguous is refused before any endpoint sees
+/// it, and host names compare without regard to case.
+#[tokio::test]
+async fn ambiguous_hosts_are_refused_and_host_names_ignore_case() {
+    let vendor = MockVendor::start().await;
+    let gateway = GatewayProcess::start(&GatewayConfig::new(&vendor.base_url()));
+    let address = address(&gateway);
+    let port = address.rsplit(':').next().unwrap();
+
+    // Two Host headers, the good one first.
+    let twice = raw_http(
+        &address,
+        &format!("GET /inbox HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\nhost: evil.example\r\nconnection: close\r\n\r\n"),
+    )
+    .await;
+    assert!(twice.starts_with("HTTP/1.1 400"), "{twice}");
+    assert!(twice.contains("malformed_header"), "{twice}");
+    // An absolute-form target naming another host than Host.
+    let elsewhere = raw_http(
+        &address,
+        &format!("GET http://evil.example/inbox HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\nconnection: close\r\n\r\n"),
+    )
+    .await;
+    assert!(elsewhere.starts_with("HTTP/1.1 400"), "{elsewhere}");
+    // The same target naming this gateway, and a host in capitals: the inbox answers (its
+    // sign-in page), where a foreign host gets 421.
+    for request in [
+        format!(
+            "GET http://127.0.0.1:{port}/inbox HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\nconnection: close\r\n\r\n"
+        ),
+        format!("GET /inbox HTTP/1.1\r\nhost: LOCALHOST:{port}\r\nconnection: close\r\n\r\n"),
+    ] {
+        let answer = raw_http(&address, &request).await;
+        assert!(
+            answer.starts_with("HTTP/1.1 200") || answer.starts_with("HTTP/1.1 401"),
+            "{request}: {answer}"
+        );
+    }
+    let foreign = raw_http(
+        &address,
+        "GET /inbox HTTP/1.1\r\nhost: evil.example\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(foreign.starts_with("HTTP/1.1 421"), "{foreign}");
+}
+
+/// A JSON object that repeats a key is an invalid request (the request hash assumes unique
+/// keys), and nothing is sent; invalid arguments are named, never echoed, so an error stays
+/// small and a secret stays out of it.
+#[tokio::test]
+async fn repeated_keys_are_refused_and_arguments_never_echoed() {
+    let vendor = MockVendor::start().await;
+    let gateway = GatewayProcess::start(&GatewayConfig::new(&vendor.base_url()));
+    let raw = RawMcp::new(&gateway.url);
+    let (session, _) = raw.initialize(TOKEN, "2025-11-25").await;
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"stripe.create_refund","arguments":{"charge":"ch_1","amount":1,"amount":100000}}}"#;
+    let repeated = raw.post(Some(TOKEN), Some(&session), body, &[]).await;
+    assert_eq!(repeated.error_code(), -32600, "{:?}", repeated.message());
+
+    let client = McpClient::connect(&gateway.url, TOKEN).await;
+    let secret = format!("sk_live_{}", "S".repeat(1 << 20));
+    let (code, message, data) = client
+        .call_err(
+            "stripe.create_refund",
+            json!({"charge": "ch_1", "amount": secret}),
+        )
+        .await;
+    assert_eq!(code, -32602);
+    let data = data.unwrap();
+    assert!(!data.to_string().contains("sk_live"), "{data}");
+    assert!(
+        message.len() + data.to_string().len() < 4096,
+        "an error of {} bytes",
+        data.to_string().len()
+    );
+    assert!(
+        data["message"].as_str().unwrap().contains("/amount"),
+        "{data}"
+    );
+    assert!(vendor.seen().is_empty());
 }

@@ -20,6 +20,9 @@ pub const RETRY_LATER: i64 = -32000;
 /// unchanged.
 pub const CALL_FAILED: i64 = -32019;
 
+/// The longest error message sent, in characters.
+pub const MAX_MESSAGE_CHARS: usize = 1024;
+
 /// A failure, named by what a client or operator can do about it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ObolError {
@@ -281,12 +284,18 @@ impl ObolError {
 
     /// The message a client sees. `Unknown tool` is fixed so that every cause renders the same
     /// bytes; other messages never contain anything a client did not send.
+    /// At most [`MAX_MESSAGE_CHARS`]: a message can carry what a connector or a parser said,
+    /// and an error body stays small whatever caused it.
     fn message(&self) -> String {
-        match self {
+        let message = match self {
             ObolError::UnknownTool => "Unknown tool".to_owned(),
             ObolError::MethodNotFound => "Method not found".to_owned(),
             ObolError::Internal => "Internal error".to_owned(),
             other => other.to_string(),
+        };
+        match message.char_indices().nth(MAX_MESSAGE_CHARS) {
+            Some((at, _)) => format!("{}…", &message[..at]),
+            None => message,
         }
     }
 

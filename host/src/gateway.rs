@@ -289,7 +289,21 @@ impl Gateway {
         headers
             .get(axum::http::header::HOST)
             .and_then(|h| h.to_str().ok())
-            .is_some_and(|host| self.hosts.iter().any(|allowed| allowed == host))
+            .is_some_and(|host| one_of(host, &self.hosts))
+    }
+
+    /// A browser's form post names its page's origin: it must be this gateway's, by its
+    /// listen address or by `[approvals] public_url` (so a proxy that rewrites `Host` does
+    /// not break the inbox). A post without `Origin` is not a browser's cross-site post.
+    pub fn same_origin(&self, headers: &axum::http::HeaderMap) -> bool {
+        let Some(origin) = headers.get(axum::http::header::ORIGIN) else {
+            return true;
+        };
+        origin
+            .to_str()
+            .ok()
+            .and_then(|origin| origin.split_once("://"))
+            .is_some_and(|(_, authority)| one_of(authority, &self.hosts))
     }
 
     /// Browsers may call `/mcp` only from an allowed origin; loopback origins are allowed
@@ -308,5 +322,24 @@ impl Gateway {
                     | Some(url::Host::Ipv4(std::net::Ipv4Addr::LOCALHOST))
                     | Some(url::Host::Ipv6(std::net::Ipv6Addr::LOCALHOST))
             )
+    }
+}
+
+/// Whether `host` is one of `hosts`. Host names are case-insensitive (RFC 3986).
+fn one_of(host: &str, hosts: &[String]) -> bool {
+    hosts
+        .iter()
+        .any(|allowed| allowed.eq_ignore_ascii_case(host))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn hosts_match_whatever_their_case() {
+        let hosts = vec!["127.0.0.1:8780".to_owned(), "localhost:8780".to_owned()];
+        assert!(super::one_of("LOCALHOST:8780", &hosts));
+        assert!(super::one_of("127.0.0.1:8780", &hosts));
+        assert!(!super::one_of("evil.example", &hosts));
+        assert!(!super::one_of("localhost:8781", &hosts));
     }
 }

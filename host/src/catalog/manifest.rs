@@ -342,20 +342,54 @@ impl Schema {
         self.validator.is_valid(instance)
     }
 
-    /// Up to three violations, each with its location, for the agent that sent the value.
+    /// Up to three violations, each naming where and which rule of the schema, for the agent
+    /// that sent the value. Never the value itself: arguments can be secrets, and an 8 MiB
+    /// argument must not come back as an 8 MiB error. Names from the request (a path, an
+    /// unexpected property) are cut to 64 characters.
     pub fn violations(&self, instance: &Value) -> Vec<String> {
+        use jsonschema::error::ValidationErrorKind as Kind;
         self.validator
             .iter_errors(instance)
             .take(3)
             .map(|e| {
                 let at = e.instance_path().to_string();
-                if at.is_empty() {
-                    e.to_string()
+                let at = if at.is_empty() {
+                    "the arguments".to_owned()
                 } else {
-                    format!("{at}: {e}")
-                }
+                    bounded(&at)
+                };
+                let rule = match e.kind() {
+                    Kind::Required { property } => format!(
+                        "lack the required property `{}`",
+                        bounded(property.as_str().unwrap_or_default())
+                    ),
+                    Kind::AdditionalProperties { unexpected } => format!(
+                        "have properties the schema does not allow: {}",
+                        unexpected
+                            .iter()
+                            .take(5)
+                            .map(|name| format!("`{}`", bounded(name)))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                    kind => format!(
+                        "break the schema's `{}` rule at {}",
+                        kind.keyword(),
+                        e.schema_path()
+                    ),
+                };
+                format!("{at}: {rule}")
             })
             .collect()
+    }
+}
+
+/// A name taken from a request, cut to 64 characters for an error message.
+fn bounded(name: &str) -> String {
+    const MAX: usize = 64;
+    match name.char_indices().nth(MAX) {
+        Some((at, _)) => format!("{}…", &name[..at]),
+        None => name.to_owned(),
     }
 }
 

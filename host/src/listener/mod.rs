@@ -26,13 +26,15 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::{Body, Bytes, HttpBody};
-use axum::http::{Request, Response};
+use axum::http::{Request, Response, header};
 use hyper::body::{Frame, Incoming, SizeHint};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
+
+use crate::error::ObolError;
 
 /// What every connection may hold, and for how long (`[server]` in the config).
 #[derive(Debug, Clone)]
@@ -339,6 +341,15 @@ impl hyper::service::Service<Request<Incoming>> for Service {
 
     fn call(&self, request: Request<Incoming>) -> Self::Future {
         self.watch.update(Phase::request_started);
+        if let Err(error) = strict_head(&request) {
+            let watch = Arc::clone(&self.watch);
+            return Box::pin(async move {
+                Ok(error.to_rest_response().map(|inner| Finished {
+                    inner,
+                    watch: Some(watch),
+                }))
+            });
+        }
         let answered = self.app.call(request);
         let watch = Arc::clone(&self.watch);
         Box::pin(async move {
@@ -349,6 +360,32 @@ impl hyper::service::Service<Request<Incoming>> for Service {
             }))
         })
     }
+}
+
+/// What every endpoint refuses about a request's target and `Host`, before any handler: a
+/// `Host` given twice (which one would a proxy have routed by?), and an absolute-form target
+/// that names another host than `Host` (endpoints check `Host`, so the two must agree).
+fn strict_head(request: &Request<Incoming>) -> Result<(), ObolError> {
+    let mut hosts = request.headers().get_all(header::HOST).iter();
+    let host = hosts.next();
+    if hosts.next().is_some() {
+        return Err(ObolError::MalformedHeader {
+            header: "host",
+            reason: "given twice",
+        });
+    }
+    if let Some(target) = request.uri().authority() {
+        let agrees = host
+            .and_then(|host| host.to_str().ok())
+            .is_some_and(|host| host.eq_ignore_ascii_case(target.as_str()));
+        if !agrees {
+            return Err(ObolError::MalformedHeader {
+                header: "host",
+                reason: "does not name the request target's host",
+            });
+        }
+    }
+    Ok(())
 }
 
 /// A response body that tells the watch when it is done (written out, or dropped).

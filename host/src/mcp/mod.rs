@@ -6,6 +6,7 @@
 //! 404). Only then does a method run. Every response is SSE and carries `MCP-Protocol-Version`;
 //! `docs/transport.md` is the status matrix.
 
+mod json;
 mod session;
 
 use std::sync::Arc;
@@ -128,8 +129,7 @@ async fn post_admitted(
     }
     let body = read_capped(headers, body).await?;
 
-    let message: Value =
-        serde_json::from_slice(&body).map_err(|e| ObolError::Parse(e.to_string()))?;
+    let message: Value = json::parse(&body)?;
     let message = Message::parse(message)?;
     if let Some(presented) = single_header(headers, VERSION_HEADER)?
         && known_version(headers).is_none()
