@@ -305,3 +305,129 @@ async fn repeated_keys_are_refused_and_arguments_never_echoed() {
     );
     assert!(vendor.seen().is_empty());
 }
+
+/// Guessing credentials: a source address gets ten failures per endpoint, then one every
+/// 6 s, answered 429 with `Retry-After` whatever it presents; another address is served as
+/// ever, and a thousand failures make two log lines, not a thousand.
+#[tokio::test]
+async fn guessing_credentials_is_slowed_per_source_and_logged_once() {
+    let vendor = MockVendor::start().await;
+    let gateway = GatewayProcess::start(&GatewayConfig::new(&vendor.base_url()));
+    let address = address(&gateway);
+    // Loopback has every 127.x address: the attacker is 127.0.0.2.
+    let attacker = reqwest::Client::builder()
+        .local_address("127.0.0.2".parse::<std::net::IpAddr>().unwrap())
+        .build()
+        .unwrap();
+    let receipts = format!("http://{address}/v1/receipts");
+    let (mut refused, mut limited) = (0, 0);
+    for n in 0..1000 {
+        let response = attacker
+            .get(&receipts)
+            .header("authorization", format!("Bearer obk_guess_{n}"))
+            .send()
+            .await
+            .unwrap();
+        match response.status().as_u16() {
+            401 => refused += 1,
+            429 => {
+                limited += 1;
+                let wait: u64 = response.headers()["retry-after"]
+                    .to_str()
+                    .unwrap()
+                    .parse()
+                    .unwrap();
+                assert!((1..=6).contains(&wait), "{wait}");
+            }
+            other => panic!("a guess got {other}"),
+        }
+    }
+    assert_eq!((refused, limited), (10, 990));
+    // The right key from the guessing address waits too: the guesses are what is slowed.
+    let right = attacker
+        .get(&receipts)
+        .header("authorization", format!("bearer {TOKEN}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(right.status().as_u16(), 429);
+    let body: serde_json::Value = right.json().await.unwrap();
+    assert_eq!(body["error"]["type"], json!("rate_limited"), "{body}");
+    // Another endpoint of the same address is limited on its own; /mcp answers in JSON-RPC.
+    for n in 0..11 {
+        let response = attacker
+            .post(&gateway.url)
+            .header("authorization", format!("Bearer obk_guess_{n}"))
+            .header("accept", "application/json, text/event-stream")
+            .header("content-type", "application/json")
+            .body(r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        let text = response.text().await.unwrap();
+        match n {
+            0..10 => assert_eq!(status, 401, "{text}"),
+            _ => {
+                assert_eq!(status, 429, "{text}");
+                assert!(
+                    text.contains("\"code\":-32000") && text.contains("rate_limited"),
+                    "{text}"
+                );
+            }
+        }
+    }
+    // Another address (the well-behaved client, on 127.0.0.1): served as ever, Bearer in any
+    // case.
+    let ours = reqwest::Client::new()
+        .get(&receipts)
+        .header("authorization", format!("BEARER {TOKEN}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ours.status().as_u16(), 200);
+    served(&gateway).await;
+    let lines = gateway
+        .log()
+        .lines()
+        .filter(|line| line.contains("failed authentication"))
+        .count();
+    assert!(lines <= 2, "{lines} log lines for 1,011 failures");
+    assert!(
+        vendor
+            .seen()
+            .iter()
+            .all(|seen| seen.path == "/repos/acme/app/issues")
+    );
+}
+
+/// A key at its session limit: the 257th `initialize` is refused (retryable), and every
+/// session it holds still answers.
+#[tokio::test]
+async fn a_key_at_its_session_limit_is_refused_and_loses_no_session() {
+    let vendor = MockVendor::start().await;
+    let gateway = GatewayProcess::start(&GatewayConfig::new(&vendor.base_url()));
+    let raw = RawMcp::new(&gateway.url);
+    let mut sessions = Vec::new();
+    for _ in 0..256 {
+        let (session, _) = raw.initialize(TOKEN, "2025-11-25").await;
+        assert!(session.starts_with("mcs_"));
+        sessions.push(session);
+    }
+    let (refused, answer) = raw.initialize(TOKEN, "2025-11-25").await;
+    assert!(refused.is_empty());
+    assert_eq!(answer.error_code(), -32000);
+    assert_eq!(answer.error_type(), "session_limit");
+    for session in [&sessions[0], &sessions[255]] {
+        let pong = raw.request(TOKEN, session, 2, "ping", json!({})).await;
+        assert_eq!(pong.status, 200, "{:?}", pong.message());
+        assert!(pong.message()["result"].is_object(), "{:?}", pong.message());
+    }
+    // Another key is not affected.
+    assert!(
+        !raw.initialize("obk_test_globex", "2025-11-25")
+            .await
+            .0
+            .is_empty()
+    );
+}

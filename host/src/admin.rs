@@ -202,7 +202,7 @@ fn authorize(gateway: &Gateway, headers: &HeaderMap) -> Result<(), Box<Response>
     let presented = crate::mcp::single_header(headers, header::AUTHORIZATION.as_str())
         .ok()
         .flatten()
-        .and_then(|value| value.strip_prefix("Bearer "));
+        .and_then(crate::policy::bearer_token);
     if presented.map(KeyHash::of_token) != Some(admin) {
         let refused =
             ObolError::Unauthenticated("the admin API needs Authorization: Bearer <admin token>");

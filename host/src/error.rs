@@ -109,6 +109,12 @@ pub enum ObolError {
     BodyBudgetFull,
     #[error("the request body arrived too slowly; send it again")]
     RequestTimeout,
+    #[error(
+        "this key holds as many sessions as it may, all in use; close one (DELETE /mcp) or retry later"
+    )]
+    SessionLimit,
+    #[error("too many failed authentications from this address; retry in {retry_after} s")]
+    RateLimited { retry_after: u64 },
 
     // --- Approvals. -------------------------------------------------------------------------
     /// The one deliberate exception to existence hiding: the agent shows it to a human.
@@ -230,6 +236,13 @@ impl ObolError {
                 RETRY_LATER,
                 StatusCode::REQUEST_TIMEOUT,
                 "request_timeout",
+                true,
+            ),
+            SessionLimit => (RETRY_LATER, StatusCode::OK, "session_limit", true),
+            RateLimited { .. } => (
+                RETRY_LATER,
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limited",
                 true,
             ),
             UpstreamUnreachable => (RETRY_LATER, StatusCode::OK, "upstream_unreachable", true),
@@ -447,6 +460,8 @@ mod tests {
         E::Overloaded => E::Overloaded,
         E::BodyBudgetFull => E::BodyBudgetFull,
         E::RequestTimeout => E::RequestTimeout,
+        E::RateLimited { .. } => E::RateLimited { retry_after: 1 },
+        E::SessionLimit => E::SessionLimit,
         E::ApprovalRequired(_) => E::ApprovalRequired(Box::new(ApprovalNotice {
             approval_id: String::new(),
             tool: String::new(),

@@ -149,12 +149,9 @@ impl Gateway {
     ) -> Result<Arc<VirtualKey>, ObolError> {
         let authorization =
             authorization.ok_or(ObolError::Unauthenticated("no Authorization header"))?;
-        let token = authorization
-            .strip_prefix("Bearer ")
-            .filter(|t| !t.is_empty() && !t.contains(' '))
-            .ok_or(ObolError::Unauthenticated(
-                "the Authorization header must be \"Bearer <key>\"",
-            ))?;
+        let token = crate::policy::bearer_token(authorization).ok_or(
+            ObolError::Unauthenticated("the Authorization header must be \"Bearer <key>\""),
+        )?;
         let key = self
             .keys()
             .authenticate(token)

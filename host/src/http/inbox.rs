@@ -160,7 +160,6 @@ async fn login(
         );
     }
     let Some(workspace) = gateway.approvals.owners.workspace(&form.token) else {
-        tracing::warn!("inbox sign-in refused: unknown owner token");
         return html(
             StatusCode::UNAUTHORIZED,
             &login_page(&next, Some("That owner token is not valid.")),

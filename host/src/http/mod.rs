@@ -77,7 +77,7 @@ impl Reader {
         let presented = crate::mcp::single_header(headers, header::AUTHORIZATION.as_str())
             .ok()
             .flatten()
-            .and_then(|value| value.strip_prefix("Bearer "));
+            .and_then(crate::policy::bearer_token);
         if let Some(workspace) = presented.and_then(|t| gateway.approvals.owners.workspace(t)) {
             return Ok(Reader {
                 workspace: workspace.to_owned(),

@@ -14,10 +14,12 @@
 //! requests it serves; a watchdog closes it when its phase has lasted too long.
 
 pub mod body;
+pub mod failures;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -213,10 +215,16 @@ pub async fn serve(
     let limits = Arc::new(limits);
     let connections = Arc::new(Connections::default());
     let (stopping, stopped) = tokio::sync::watch::channel(false);
-    let app = app.layer(axum::middleware::from_fn_with_state(
-        Arc::new(body::Budget::new(&limits.body)),
-        body::guard,
-    ));
+    // The outer layer first: a source out of failures is refused before its body is read.
+    let app = app
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::new(body::Budget::new(&limits.body)),
+            body::guard,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::new(failures::Failures::default()),
+            failures::limit,
+        ));
     tokio::pin!(stop);
     let mut descriptor_warning = Instant::now() - Duration::from_secs(60);
     loop {
@@ -224,8 +232,8 @@ pub async fn serve(
             accepted = listener.accept() => accepted,
             () = &mut stop => break,
         };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
             Err(error) => {
                 // Out of descriptors (or a transient network error): back off instead of
                 // spinning, and say so at most once a minute.
@@ -241,6 +249,7 @@ pub async fn serve(
         match connections.admit(limits.max_connections) {
             Some((id, watch)) => {
                 let connection = Connection {
+                    peer,
                     app: app.clone(),
                     limits: Arc::clone(&limits),
                     watch,
@@ -275,6 +284,7 @@ async fn refuse(mut stream: TcpStream) {
 }
 
 struct Connection {
+    peer: SocketAddr,
     app: Router,
     limits: Arc<Limits>,
     watch: Arc<Watch>,
@@ -288,6 +298,7 @@ impl Connection {
             watch: Arc::clone(&self.watch),
         });
         let service = Service {
+            peer: self.peer,
             app: TowerToHyperService::new(self.app.clone()),
             watch: Arc::clone(&self.watch),
         };
@@ -330,6 +341,7 @@ impl Connection {
 /// The app, telling the connection's watch when a request starts and when its response ends.
 #[derive(Clone)]
 struct Service {
+    peer: SocketAddr,
     app: TowerToHyperService<Router>,
     watch: Arc<Watch>,
 }
@@ -339,8 +351,9 @@ impl hyper::service::Service<Request<Incoming>> for Service {
     type Error = Infallible;
     type Future = Pin<Box<dyn Future<Output = Result<Response<Finished>, Infallible>> + Send>>;
 
-    fn call(&self, request: Request<Incoming>) -> Self::Future {
+    fn call(&self, mut request: Request<Incoming>) -> Self::Future {
         self.watch.update(Phase::request_started);
+        request.extensions_mut().insert(failures::Peer(self.peer));
         if let Err(error) = strict_head(&request) {
             let watch = Arc::clone(&self.watch);
             return Box::pin(async move {

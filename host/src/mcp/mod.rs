@@ -289,7 +289,18 @@ fn initialize(
         .into_iter()
         .find(|v| Some(*v) == requested)
         .unwrap_or(LATEST_VERSION);
-    let session = gateway.sessions.open(key.hash, version);
+    let session = match gateway.sessions.open(key.hash, version) {
+        Ok(session) => session,
+        Err(session::SessionLimit) => {
+            return answer(
+                StatusCode::OK,
+                version,
+                id,
+                Err(ObolError::SessionLimit),
+                None,
+            );
+        }
+    };
     tracing::info!(session = %session.redacted(), key = %key.name, version, "session opened");
     let result = json!({
         "protocolVersion": version,
@@ -563,6 +574,16 @@ fn answer(
     let mut response = Response::new(Body::from(format!("event: message\ndata: {message}\n\n")));
     decorate(&mut response, status, version);
     response
+}
+
+/// A refusal made before a request reaches `/mcp`'s handler (the listener's), rendered as
+/// `/mcp` renders its own.
+pub fn transport_refusal(error: &ObolError, headers: &HeaderMap) -> Response {
+    rejection(
+        error,
+        Value::Null,
+        known_version(headers).unwrap_or(LATEST_VERSION),
+    )
 }
 
 fn rejection(error: &ObolError, id: Value, version: &'static str) -> Response {

@@ -52,9 +52,15 @@ pub struct Session {
 
 /// Sessions unused this long are forgotten.
 const IDLE_LIMIT: Duration = Duration::from_secs(24 * 3600);
-/// A key holds at most this many sessions; opening another forgets its least recently used,
-/// so no key can grow the table without bound.
+/// A key holds at most this many sessions, so no key can grow the table without bound.
 const PER_KEY_LIMIT: usize = 256;
+/// At the limit, a session unused this long gives its place to a new one (and answers 404 if
+/// it comes back); when none has been idle that long, the new session is refused.
+const EVICTABLE_AFTER: Duration = Duration::from_secs(10 * 60);
+
+/// A key holds [`PER_KEY_LIMIT`] sessions, all used within [`EVICTABLE_AFTER`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionLimit;
 
 /// Live sessions. Lookups check the owning key, so a session id presented with another
 /// key (another workspace's, in particular) is indistinguishable from one that never existed.
@@ -64,7 +70,11 @@ pub struct Sessions {
 }
 
 impl Sessions {
-    pub fn open(&self, key: KeyHash, protocol_version: &'static str) -> SessionId {
+    pub fn open(
+        &self,
+        key: KeyHash,
+        protocol_version: &'static str,
+    ) -> Result<SessionId, SessionLimit> {
         let id = SessionId::mint();
         let now = Instant::now();
         let session = Session {
@@ -74,19 +84,34 @@ impl Sessions {
         };
         let mut live = self.live.lock().expect("sessions lock");
         live.retain(|_, s| now.duration_since(s.last_used) < IDLE_LIMIT);
-        let mut owned: Vec<(SessionId, Instant)> = live
+        let owned: Vec<(SessionId, Instant)> = live
             .iter()
             .filter(|(_, s)| s.key == key)
             .map(|(id, s)| (id.clone(), s.last_used))
             .collect();
         if owned.len() >= PER_KEY_LIMIT {
-            owned.sort_by_key(|(_, used)| *used);
-            for (old, _) in owned.iter().take(owned.len() + 1 - PER_KEY_LIMIT) {
-                live.remove(old);
+            // Never a busy session: only one idle past the threshold gives way.
+            let (oldest, used) = owned
+                .iter()
+                .min_by_key(|(_, used)| *used)
+                .expect("at the limit, the key has sessions");
+            if now.duration_since(*used) < EVICTABLE_AFTER {
+                return Err(SessionLimit);
             }
+            tracing::debug!(session = %oldest.redacted(), "an idle session gives way to a new one");
+            live.remove(oldest);
         }
         live.insert(id.clone(), session);
-        id
+        Ok(id)
+    }
+
+    /// Makes a session look unused for `by` (tests of idleness).
+    #[cfg(test)]
+    fn age(&self, id: &SessionId, by: Duration) {
+        let mut live = self.live.lock().expect("sessions lock");
+        if let Some(session) = live.get_mut(id) {
+            session.last_used -= by;
+        }
     }
 
     pub fn get(&self, id: &SessionId, key: KeyHash) -> Option<Session> {
@@ -127,7 +152,7 @@ mod tests {
         let sessions = Sessions::default();
         let owner = KeyHash::of_token("a");
         let other = KeyHash::of_token("b");
-        let id = sessions.open(owner, "2025-11-25");
+        let id = sessions.open(owner, "2025-11-25").unwrap();
         assert!(sessions.get(&id, owner).is_some());
         assert!(sessions.get(&id, other).is_none());
         assert!(!sessions.close(&id, other));
@@ -136,18 +161,24 @@ mod tests {
     }
 
     #[test]
-    fn a_key_cannot_grow_the_table_without_bound() {
+    fn a_key_cannot_grow_the_table_and_never_loses_a_busy_session() {
         let sessions = Sessions::default();
         let key = KeyHash::of_token("a");
-        let first = sessions.open(key, "2025-11-25");
-        for _ in 0..PER_KEY_LIMIT {
-            sessions.open(key, "2025-11-25");
+        let first = sessions.open(key, "2025-11-25").unwrap();
+        for _ in 1..PER_KEY_LIMIT {
+            sessions.open(key, "2025-11-25").unwrap();
         }
+        // Every session in use: the next is refused, none is lost.
+        assert_eq!(sessions.open(key, "2025-11-25"), Err(SessionLimit));
         assert_eq!(sessions.len(), PER_KEY_LIMIT);
-        assert!(
-            sessions.get(&first, key).is_none(),
-            "the least recently used is forgotten"
-        );
+        assert!(sessions.get(&first, key).is_some());
+        // Another key is not affected.
+        assert!(sessions.open(KeyHash::of_token("b"), "2025-11-25").is_ok());
+        // One idle past the threshold gives way, and is unknown from then on.
+        sessions.age(&first, EVICTABLE_AFTER);
+        assert!(sessions.open(key, "2025-11-25").is_ok());
+        assert!(sessions.get(&first, key).is_none());
+        assert_eq!(sessions.open(key, "2025-11-25"), Err(SessionLimit));
     }
 
     #[test]

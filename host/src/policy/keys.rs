@@ -77,6 +77,14 @@ impl Scope {
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct KeyHash([u8; 32]);
 
+/// The token of an `Authorization: Bearer <token>` value. The scheme is case-insensitive
+/// (RFC 9110 §11.1); one space, then a token without spaces.
+pub fn bearer_token(authorization: &str) -> Option<&str> {
+    let (scheme, token) = authorization.split_once(' ')?;
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty() && !token.contains(' '))
+        .then_some(token)
+}
+
 impl KeyHash {
     pub fn of_token(token: &str) -> KeyHash {
         KeyHash(Sha256::digest(token.as_bytes()).into())
@@ -156,6 +164,23 @@ impl KeyTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_bearer_scheme_ignores_case() {
+        for value in ["Bearer abc", "bearer abc", "BEARER abc", "bEaReR abc"] {
+            assert_eq!(bearer_token(value), Some("abc"), "{value}");
+        }
+        for value in [
+            "Bearer",
+            "Bearer ",
+            "Bearer a b",
+            "Basic abc",
+            "Bearerabc",
+            "Bearer  abc",
+        ] {
+            assert_eq!(bearer_token(value), None, "{value}");
+        }
+    }
 
     #[test]
     fn hash_round_trips_through_its_config_form() {
