@@ -322,3 +322,33 @@ async fn a_revocation_once_seen_is_never_unseen() {
     tokio::time::sleep(Duration::from_millis(4500)).await;
     assert_eq!(initialize_status(&gateway, &token).await, 401);
 }
+
+/// Names are checked where they enter: a key name with a line break and a terminal escape, or
+/// 100,000 characters long, is refused with a short, escaped error, and no log line is forged.
+#[tokio::test]
+async fn hostile_key_names_are_refused_and_never_forge_a_log_line() {
+    let vendor = MockVendor::start().await;
+    let gateway = GatewayProcess::start(&admin_config(&vendor));
+    let http = reqwest::Client::new();
+    for name in [
+        "evil\n2026-12-02T00:00:00Z ERROR forged line\u{1b}[2J".to_owned(),
+        "x".repeat(100_000),
+    ] {
+        let answer = http
+            .post(format!("{}/v1/admin/keys", base(&gateway)))
+            .bearer_auth(ADMIN)
+            .json(&json!({"name": name, "workspace": "acme", "environment": "dev", "allowed_tools": ["*"]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status().as_u16(), 400);
+        let text = answer.text().await.unwrap();
+        assert!(text.len() < 1024, "an error of {} bytes", text.len());
+        assert!(text.contains("key name"), "{text}");
+        assert!(!text.contains('\u{1b}'), "{text}");
+    }
+    let (_, listed) = obol(&gateway, &["keys", "list"]);
+    assert!(!listed.to_string().contains("evil"), "{listed}");
+    assert!(!gateway.log().contains("forged line"), "{}", gateway.log());
+    assert!(!gateway.log().contains('\u{1b}'));
+}

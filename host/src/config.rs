@@ -507,6 +507,7 @@ impl KeySpec {
     /// Parses one key, from the config file or the admin API (one set of rules), into the
     /// key the gateway authenticates. `workspaces` are the config's: a key names one of them.
     pub fn parse(self, workspaces: &[WorkspaceConfig]) -> Result<VirtualKey, String> {
+        crate::names::check("key name", &self.name)?;
         let hash = KeyHash::parse(&self.hash).map_err(|e| format!("key {:?}: {e}", self.name))?;
         if !workspaces.iter().any(|w| w.id == self.workspace) {
             return Err(format!(
@@ -619,18 +620,7 @@ impl Config {
         };
         let mut workspaces = Vec::new();
         for workspace in file.workspaces {
-            let id_ok = !workspace.id.is_empty()
-                && workspace.id.len() <= 64
-                && workspace
-                    .id
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-            if !id_ok {
-                return Err(invalid(format!(
-                    "workspace id {:?} must be 1 to 64 of [A-Za-z0-9_-]",
-                    workspace.id
-                )));
-            }
+            crate::names::check("workspace id", &workspace.id).map_err(invalid)?;
             if workspaces
                 .iter()
                 .any(|w: &WorkspaceConfig| w.id == workspace.id)
@@ -642,6 +632,8 @@ impl Config {
             }
             let mut connections: Vec<ConnectionConfig> = Vec::new();
             for connection in workspace.connections {
+                crate::names::check("connection id", &connection.id).map_err(invalid)?;
+                crate::names::check("connector", &connection.connector).map_err(invalid)?;
                 let base_url = BaseUrl::parse(&connection.base_url).map_err(|e| {
                     invalid(format!("connection {:?}: base_url {e}", connection.id))
                 })?;

@@ -33,6 +33,7 @@ pub mod idempotency;
 pub mod invoke;
 pub mod listener;
 pub mod mcp;
+pub mod names;
 pub mod outbound;
 pub mod policy;
 pub mod runtime;

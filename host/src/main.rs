@@ -189,13 +189,14 @@ fn admin_call(
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let colours = std::io::IsTerminal::is_terminal(&std::io::stderr());
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("OBOL_LOG")
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(move || obol::names::LogWriter::new(std::io::stderr(), colours))
+        .with_ansi(colours)
         .init();
     match run(cli.command) {
         Ok(code) => code,
