@@ -832,3 +832,65 @@ async fn held_by(client: &McpClient, args: Value) -> Value {
     assert_eq!(code, -32003, "{message}");
     data.unwrap()
 }
+
+/// Issue 10: a key keeps at most 20 calls waiting for the owner; the 21st is refused
+/// (retryable) and claims nothing, a retry of a held call still gets its hold, other keys are
+/// unaffected, and an `inbox_url` shows its ticket wherever it sits in a long inbox.
+#[tokio::test]
+async fn a_key_cannot_bury_the_inbox_and_every_inbox_url_shows_its_ticket() {
+    let vendor = MockVendor::start().await;
+    refund_vendor(&vendor);
+    let gateway = GatewayProcess::start(&prod_config(&vendor));
+    let hold = |token: &'static str, idempotency_key: String, n: usize| {
+        let gateway_url = gateway.url.clone();
+        async move {
+            let client = McpClient::with_key(&gateway_url, token, &idempotency_key).await;
+            client
+                .call_err(REFUND, json!({"charge": format!("ch_{n}"), "amount": 5}))
+                .await
+        }
+    };
+    let mut notices = Vec::new();
+    let mut keys = Vec::new();
+    for token in [AGENT, OTHER, NO_APPROVALS] {
+        for n in 0..20 {
+            let k = key(&format!("bury{n}"));
+            let (code, _, data) = hold(token, k.clone(), n).await;
+            assert_eq!(code, -32003, "{data:?}");
+            notices.push(data.unwrap()["approval"].clone());
+            keys.push(k);
+        }
+    }
+    let (code, _, data) = hold(AGENT, key("bury20"), 20).await;
+    let data = data.unwrap();
+    assert_eq!(
+        (code, data["type"].clone()),
+        (-32000, json!("approval_backlog")),
+        "{data}"
+    );
+    assert_eq!(data["retryable"], json!(true));
+    // A retry of a held call is not a new one: it still gets its own hold.
+    let (code, _, again) = hold(AGENT, keys[0].clone(), 0).await;
+    assert_eq!(code, -32003, "{again:?}");
+    assert_eq!(
+        again.unwrap()["approval"]["approval_id"],
+        notices[0]["approval_id"]
+    );
+    assert!(vendor.seen().is_empty());
+
+    // 60 tickets: the oldest is not on the inbox's first page, but its inbox_url shows it.
+    let owner = OwnerSession::sign_in(&gateway, OWNER).await.unwrap();
+    let oldest = notices[0]["approval_id"].as_str().unwrap();
+    let first = owner.page("/inbox").await;
+    assert!(!first.contains(&format!("ticket-{oldest}")));
+    assert!(first.contains("id=\"older\""));
+    let url = notices[0]["inbox_url"].as_str().unwrap();
+    let path = &url[url.find("/inbox").unwrap()..];
+    assert!(owner.page(path).await.contains(&format!("ticket-{oldest}")));
+    assert!(
+        owner
+            .page("/inbox?page=1")
+            .await
+            .contains(&format!("ticket-{oldest}"))
+    );
+}

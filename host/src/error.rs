@@ -113,6 +113,10 @@ pub enum ObolError {
         "this key holds as many sessions as it may, all in use; close one (DELETE /mcp) or retry later"
     )]
     SessionLimit,
+    #[error(
+        "this key already has {pending} calls waiting for the workspace owner; retry once some are decided"
+    )]
+    ApprovalBacklog { pending: usize },
     #[error("too many failed authentications from this address; retry in {retry_after} s")]
     RateLimited { retry_after: u64 },
 
@@ -239,6 +243,7 @@ impl ObolError {
                 true,
             ),
             SessionLimit => (RETRY_LATER, StatusCode::OK, "session_limit", true),
+            ApprovalBacklog { .. } => (RETRY_LATER, StatusCode::OK, "approval_backlog", true),
             RateLimited { .. } => (
                 RETRY_LATER,
                 StatusCode::TOO_MANY_REQUESTS,
@@ -462,6 +467,7 @@ mod tests {
         E::RequestTimeout => E::RequestTimeout,
         E::RateLimited { .. } => E::RateLimited { retry_after: 1 },
         E::SessionLimit => E::SessionLimit,
+        E::ApprovalBacklog { .. } => E::ApprovalBacklog { pending: 1 },
         E::ApprovalRequired(_) => E::ApprovalRequired(Box::new(ApprovalNotice {
             approval_id: String::new(),
             tool: String::new(),

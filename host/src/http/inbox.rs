@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{Form, Path, State};
+use axum::extract::{Form, Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -30,7 +30,10 @@ use crate::store::StoreError;
 const COOKIE: &str = "obol_owner";
 const SESSION_TTL: Duration = Duration::from_secs(8 * 3600);
 /// The most tickets one page shows.
-const PAGE: usize = 100;
+/// Rows per inbox page, and how many pages back the inbox goes (older tickets are still
+/// reachable by their own `inbox_url`).
+const PAGE: usize = 50;
+const MAX_PAGES: usize = 20;
 
 /// Owner sessions are sealed cookies (signed with the approval keyring, prefix `ows1`), not
 /// server state: any gateway sharing the signing key accepts them, and a restart keeps them.
@@ -90,8 +93,17 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         .with_state(gateway)
 }
 
-async fn inbox(State(gateway): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
-    page_for(&gateway, &headers, None).await
+#[derive(Deserialize)]
+struct PageQuery {
+    page: Option<usize>,
+}
+
+async fn inbox(
+    State(gateway): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    Query(query): Query<PageQuery>,
+) -> Response {
+    page_for(&gateway, &headers, None, query.page.unwrap_or(0)).await
 }
 
 async fn inbox_one(
@@ -99,10 +111,17 @@ async fn inbox_one(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Response {
-    page_for(&gateway, &headers, Some(id)).await
+    page_for(&gateway, &headers, Some(id), 0).await
 }
 
-async fn page_for(gateway: &Gateway, headers: &HeaderMap, focus: Option<String>) -> Response {
+/// A page of the inbox, newest first. A ticket named by the URL (an agent's `inbox_url`) is
+/// always on it, at the top when it is not among the page's own rows.
+async fn page_for(
+    gateway: &Gateway,
+    headers: &HeaderMap,
+    focus: Option<String>,
+    page: usize,
+) -> Response {
     if !gateway.host_allowed(headers) {
         return foreign_host();
     }
@@ -113,18 +132,43 @@ async fn page_for(gateway: &Gateway, headers: &HeaderMap, focus: Option<String>)
     let Some(session) = OwnerSession::of(&gateway.approvals.keyring, headers) else {
         return html(StatusCode::OK, &login_page(&next, None));
     };
-    match gateway
-        .services
-        .store
-        .tickets(&session.workspace, PAGE)
+    let page = page.min(MAX_PAGES - 1);
+    let store = &gateway.services.store;
+    // One more than the page holds: whether an older page exists.
+    let listed = match store
+        .tickets(&session.workspace, (page + 1) * PAGE + 1)
         .await
     {
-        Ok(tickets) => html(
-            StatusCode::OK,
-            &inbox_page(&session, &tickets, focus.as_deref()),
-        ),
-        Err(cause) => unavailable("listing the inbox", &cause),
+        Ok(listed) => listed,
+        Err(cause) => return unavailable("listing the inbox", &cause),
+    };
+    let older = listed.len() > (page + 1) * PAGE && page + 1 < MAX_PAGES;
+    let mut tickets: Vec<Ticket> = listed.into_iter().skip(page * PAGE).take(PAGE).collect();
+    if let Some(id) = focus.as_deref().and_then(ApprovalId::parse)
+        && !tickets.iter().any(|t| t.id == id)
+    {
+        match store.ticket(&id).await {
+            Ok(Some(ticket)) if ticket.workspace == session.workspace => {
+                tickets.insert(0, ticket);
+            }
+            Ok(_) => {}
+            Err(cause) => return unavailable("reading a ticket", &cause),
+        }
     }
+    let pages = Pages {
+        newer: page.checked_sub(1),
+        older: older.then_some(page + 1),
+    };
+    html(
+        StatusCode::OK,
+        &inbox_page(&session, &tickets, focus.as_deref(), pages),
+    )
+}
+
+/// Links to the neighbouring pages, when they exist.
+struct Pages {
+    newer: Option<usize>,
+    older: Option<usize>,
 }
 
 #[derive(Deserialize)]
@@ -375,7 +419,12 @@ fn age(created_at_ms: u64, now: u64) -> String {
     }
 }
 
-fn inbox_page(session: &OwnerSession, tickets: &[Ticket], focus: Option<&str>) -> String {
+fn inbox_page(
+    session: &OwnerSession,
+    tickets: &[Ticket],
+    focus: Option<&str>,
+    pages: Pages,
+) -> String {
     let now = now_ms();
     let mut rows = String::new();
     for ticket in tickets {
@@ -422,8 +471,20 @@ fn inbox_page(session: &OwnerSession, tickets: &[Ticket], focus: Option<&str>) -
         &format!(
             "<p>Workspace <strong>{}</strong>. Approving lets the agent's next identical call run once; denying ends it.</p>\
              <table><thead><tr><th>Tool</th><th>Connection</th><th>Arguments (redacted)</th><th>Key</th><th>Age</th><th>Status</th><th></th></tr></thead>\
-             <tbody>{rows}</tbody></table>",
-            escape(&session.workspace)
+             <tbody>{rows}</tbody></table>{}",
+            escape(&session.workspace),
+            [
+                pages
+                    .newer
+                    .map(|n| format!("<a href=\"/inbox?page={n}\" id=\"newer\">Newer</a>")),
+                pages
+                    .older
+                    .map(|n| format!("<a href=\"/inbox?page={n}\" id=\"older\">Older</a>")),
+            ]
+            .into_iter()
+            .flatten()
+            .collect::<Vec<_>>()
+            .join(" ")
         ),
     )
 }

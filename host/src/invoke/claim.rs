@@ -85,6 +85,24 @@ impl Planned {
                 }
             };
         }
+        // A call that would wait for the owner: a retry of one already held answers from its
+        // slot; a new one needs room in its key's share of the inbox.
+        if self.authorized.admission == Admission::NeedsApproval {
+            match store.get(&self.claim_key).await {
+                Ok(Some(existing)) => return self.judge(services, existing).await,
+                Ok(None) => {
+                    if let Err(refusal) =
+                        hold::room_for_another(services, &self.authorized.holder).await
+                    {
+                        return self.answered(refusal, None);
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!("could not read a claim, nothing sent: {error}");
+                    return self.answered(ObolError::StoreUnavailable, None);
+                }
+            }
+        }
         let now = now_ms();
         let opening = match self.authorized.admission {
             Admission::Proceed => store::Opening::Reserved {
@@ -212,6 +230,9 @@ impl Planned {
                     self.take(existing, next)
                 }
                 Admission::NeedsApproval => {
+                    if let Err(refusal) = hold::room_for_another(services, caller).await {
+                        return self.answered(refusal, Some(&existing));
+                    }
                     let held = existing.hold(
                         caller.clone(),
                         HeldFor {

@@ -8,6 +8,10 @@ use crate::approvals::{Ticket, TicketStatus};
 use crate::error::{ApprovalNotice, ObolError};
 use crate::store::{ClaimKey, ClaimRecord, Holder};
 
+/// Calls one key may have waiting for the owner at once. A key that asks for more gets a
+/// retryable refusal and claims nothing, so one agent cannot bury the inbox.
+pub const MAX_PENDING_PER_KEY: usize = 20;
+
 /// Answers for a slot held under `record`. `caller` names the call only for records written
 /// before claims recorded their holder; `summary` is the caller's redacted arguments, which
 /// are the held call's (the request hash matched).
@@ -63,4 +67,31 @@ pub async fn answer(
             Err(error) => error,
         },
     }
+}
+
+/// Whether `holder`'s key may hold one more call for approval.
+pub async fn room_for_another(services: &Services, holder: &Holder) -> Result<(), ObolError> {
+    // Newest first; a key at its cap has its pending tickets among the workspace's latest.
+    const LOOK_BACK: usize = 1000;
+    let tickets = services
+        .store
+        .tickets(&holder.workspace, LOOK_BACK)
+        .await
+        .map_err(|error| {
+            tracing::warn!("could not count pending approvals: {error}");
+            ObolError::StoreUnavailable
+        })?;
+    let now = crate::clock::now_ms();
+    let pending = tickets
+        .iter()
+        .filter(|t| {
+            t.key_hash == holder.key_hash && t.status == TicketStatus::Pending && !t.expired(now)
+        })
+        .count();
+    if pending >= MAX_PENDING_PER_KEY {
+        return Err(ObolError::ApprovalBacklog {
+            pending: MAX_PENDING_PER_KEY,
+        });
+    }
+    Ok(())
 }
