@@ -894,3 +894,60 @@ async fn a_key_cannot_bury_the_inbox_and_every_inbox_url_shows_its_ticket() {
             .contains(&format!("ticket-{oldest}"))
     );
 }
+
+/// Issue 10: an owner session carries a digest of the owner credential it was opened with. A
+/// gateway whose owner token for the workspace changed (same signing key) refuses it; one with
+/// the same owner accepts it; signing out clears the cookie.
+#[tokio::test]
+async fn owner_sessions_die_with_their_credential_and_can_sign_out() {
+    let vendor = MockVendor::start().await;
+    let keys = tempfile::tempdir().unwrap();
+    let signer = obol::approvals::token::generate_signing_key();
+    let mut config = prod_config(&vendor);
+    config.extra = signing(keys.path(), ("k1", &signer), &[]);
+    let first = GatewayProcess::start(&config);
+    let owner = OwnerSession::sign_in(&first, OWNER).await.unwrap();
+    assert!(
+        owner
+            .page("/inbox")
+            .await
+            .contains("Workspace <strong>acme")
+    );
+
+    let inbox_on = |gateway: &GatewayProcess| {
+        let (base, cookie) = (base(gateway), owner.cookie.clone());
+        async move {
+            reqwest::Client::new()
+                .get(format!("{base}/inbox"))
+                .header("cookie", cookie)
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap()
+        }
+    };
+    let same = GatewayProcess::start(&config);
+    assert!(inbox_on(&same).await.contains("Workspace <strong>acme"));
+    let mut changed = config.clone();
+    changed.owner = Some("obo_test_acme_new_owner".into());
+    let rotated = GatewayProcess::start(&changed);
+    let page = inbox_on(&rotated).await;
+    assert!(!page.contains("Workspace <strong>acme"), "{page}");
+    assert!(page.contains("name=\"token\""), "the sign-in page: {page}");
+
+    let out = owner
+        .http
+        .post(format!("{}/inbox/logout", owner.base))
+        .header("cookie", &owner.cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(out.status().as_u16(), 303);
+    let cleared = out.headers()["set-cookie"].to_str().unwrap();
+    assert!(
+        cleared.starts_with("obol_owner=;") && cleared.contains("Max-Age=0"),
+        "{cleared}"
+    );
+}

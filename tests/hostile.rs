@@ -431,3 +431,40 @@ async fn a_key_at_its_session_limit_is_refused_and_loses_no_session() {
             .is_empty()
     );
 }
+
+/// The README's demo credentials work only on loopback: the example config told to listen on
+/// every interface is refused at start, naming them; `obol keys mint` makes real ones.
+#[test]
+fn demo_credentials_are_refused_off_loopback() {
+    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let text = std::fs::read_to_string(examples.join("obol.toml"))
+        .unwrap()
+        .replace("listen = \"127.0.0.1:8780\"", "listen = \"0.0.0.0:0\"");
+    // Beside the example, so its relative paths still resolve.
+    let config = examples.join(format!("public-{}.toml", std::process::id()));
+    std::fs::write(&config, text).unwrap();
+    let (code, _, stderr) =
+        crate::support::gateway::run_obol(&["serve", "--config", config.to_str().unwrap()]);
+    std::fs::remove_file(&config).unwrap();
+    assert_ne!(code, 0);
+    assert!(
+        stderr.contains("obk_local_example") && stderr.contains("loopback"),
+        "{stderr}"
+    );
+    let (code, minted, _) = crate::support::gateway::run_obol(&["keys", "mint", "--kind", "admin"]);
+    assert_eq!(code, 0);
+    let token = minted
+        .lines()
+        .find_map(|line| line.strip_prefix("token: "))
+        .unwrap();
+    assert!(
+        token.starts_with("oba_") && token.len() == 4 + 64,
+        "{minted}"
+    );
+    let hash = minted
+        .lines()
+        .find_map(|line| line.strip_prefix("hash:"))
+        .unwrap()
+        .trim();
+    assert_eq!(hash, crate::support::key_hash(token));
+}

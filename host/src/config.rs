@@ -845,7 +845,7 @@ impl Config {
             .unwrap_or(runtime_defaults.call_deadline);
         // Long enough for two attempts and two guest calls, so a live holder never looks dead.
         let default_lease = 2 * (request_timeout + call_deadline) + Duration::from_secs(5);
-        Ok(Config {
+        let config = Config {
             listen: file.server.listen,
             environment,
             limits: file.server.limits()?,
@@ -913,7 +913,55 @@ impl Config {
                     file.store.redis_replica_timeout_ms.unwrap_or(500),
                 ),
             },
-        })
+        };
+        config.check_credentials()?;
+        Ok(config)
+    }
+}
+
+/// The README's demo credentials: whoever reads the README holds them.
+const DEMO_TOKENS: [&str; 3] = ["obk_local_example", "obo_local_owner", "oba_local_admin"];
+
+impl Config {
+    /// Refuses credentials that would let one secret act as another, or that anyone could
+    /// guess: every key, owner and admin hash distinct (a key reused as the owner token would
+    /// let the agent approve its own calls), and the README's demo credentials only on a
+    /// gateway that listens on loopback.
+    fn check_credentials(&self) -> Result<(), ConfigError> {
+        let mut seen: Vec<(KeyHash, String)> = Vec::new();
+        let held = self
+            .keys
+            .iter()
+            .map(|key| (key.hash, format!("key {:?}", key.name)))
+            .chain(self.workspaces.iter().filter_map(|w| {
+                w.owner
+                    .map(|hash| (hash, format!("the owner of workspace {:?}", w.id)))
+            }))
+            .chain(self.admin.map(|hash| (hash, "the admin token".to_owned())));
+        for (hash, holder) in held {
+            if let Some((_, first)) = seen.iter().find(|(other, _)| *other == hash) {
+                return Err(ConfigError::Invalid(format!(
+                    "{first} and {holder} have the same token; every key, owner and admin token must be its own (`obol keys mint` makes one)"
+                )));
+            }
+            seen.push((hash, holder));
+        }
+        if !self.listen.ip().is_loopback() {
+            let demo: Vec<&str> = DEMO_TOKENS
+                .into_iter()
+                .filter(|token| {
+                    seen.iter()
+                        .any(|(hash, _)| *hash == KeyHash::of_token(token))
+                })
+                .collect();
+            if !demo.is_empty() {
+                return Err(ConfigError::Invalid(format!(
+                    "the README's demo credentials ({}) are accepted only when [server] listen is a loopback address; mint real ones with `obol keys mint`",
+                    demo.join(", ")
+                )));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -981,6 +1029,29 @@ mod tests {
         ))
         .unwrap_err();
         assert!(err.contains("unknown workspace"), "{err}");
+    }
+
+    #[test]
+    fn credentials_are_distinct_and_demo_ones_stay_on_loopback() {
+        let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+        let example = std::fs::read_to_string(examples.join("obol.toml")).unwrap();
+        let at = |text: &str| Config::parse(text, &examples).map_err(|e| e.to_string());
+        assert!(at(&example).is_ok());
+        let public = example.replace("listen = \"127.0.0.1:8780\"", "listen = \"0.0.0.0:8780\"");
+        assert_ne!(public, example);
+        let err = at(&public).unwrap_err();
+        assert!(
+            err.contains("obk_local_example") && err.contains("loopback"),
+            "{err}"
+        );
+        let reused = format!(
+            "[admin]\ntoken_hash = \"{KEY}\"\n[[workspaces]]\nid = \"acme\"\n[[keys]]\nname = \"k\"\nhash = \"{KEY}\"\nworkspace = \"acme\"\nenvironment = \"dev\""
+        );
+        let err = parse(&reused).unwrap_err();
+        assert!(
+            err.contains("same token") && !err.contains("sha256"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -82,6 +82,12 @@ enum ApprovalsCommand {
 enum KeysCommand {
     /// Print the `sha256:…` form of a key's token for the config (reads stdin without TOKEN).
     Hash { token: Option<String> },
+    /// Make a new 256-bit token and print it with its hash: a virtual key's (`obk_`), a
+    /// workspace owner's (`obo_`) or the admin API's (`oba_`).
+    Mint {
+        #[arg(long, value_enum, default_value = "key")]
+        kind: TokenKind,
+    },
     /// Create a key on a running gateway; prints its token (shown once).
     Create {
         #[command(flatten)]
@@ -116,6 +122,23 @@ enum KeysCommand {
         admin: AdminArgs,
         name: String,
     },
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum TokenKind {
+    Key,
+    Owner,
+    Admin,
+}
+
+impl TokenKind {
+    fn prefix(self) -> &'static str {
+        match self {
+            TokenKind::Key => "obk_",
+            TokenKind::Owner => "obo_",
+            TokenKind::Admin => "oba_",
+        }
+    }
 }
 
 #[derive(clap::Args)]
@@ -379,6 +402,15 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             &format!("/v1/admin/workspaces/{workspace}/publications"),
             Body::None,
         ),
+        Command::Keys {
+            command: KeysCommand::Mint { kind },
+        } => {
+            let mut bytes = [0u8; 32];
+            getrandom::fill(&mut bytes).expect("the OS random source is available");
+            let token = format!("{}{}", kind.prefix(), hex::encode(bytes));
+            println!("token: {token}\nhash:  {}", KeyHash::of_token(&token));
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Keys {
             command: KeysCommand::Hash { token },
         } => {

@@ -60,6 +60,16 @@ impl Owners {
             .get(&KeyHash::of_token(token))
             .map(String::as_str)
     }
+
+    /// What an owner session of `workspace` carries of the owner's credential: a digest of
+    /// its hash (never the hash itself), so the session dies when the credential changes or
+    /// the workspace loses its owner. `None` when the workspace has no owner here.
+    pub fn session_digest(&self, workspace: &str) -> Option<String> {
+        use sha2::Digest;
+        let (hash, _) = self.by_hash.iter().find(|(_, w)| *w == workspace)?;
+        let digest = sha2::Sha256::digest(format!("obol owner session\0{hash}").as_bytes());
+        Some(hex::encode(&digest[..16]))
+    }
 }
 
 /// How long a ticket (and a token issued for it) stays valid. The spec's ceiling.

@@ -21,7 +21,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
 
-use crate::approvals::{ApprovalId, Decided, Decision, Keyring, Ticket, TicketStatus};
+use crate::approvals::{ApprovalDesk, ApprovalId, Decided, Decision, Ticket, TicketStatus};
 use crate::clock::now_ms;
 use crate::error::ObolError;
 use crate::gateway::Gateway;
@@ -38,7 +38,8 @@ const MAX_PAGES: usize = 20;
 /// Owner sessions are sealed cookies (signed with the approval keyring, prefix `ows1`), not
 /// server state: any gateway sharing the signing key accepts them, and a restart keeps them.
 /// The CSRF token travels inside the `HttpOnly` cookie, so a page on another site can neither
-/// read nor forge it.
+/// read nor forge it. `cred` is the digest of the owner credential it was opened with: the
+/// session ends when that credential changes or is removed (or the workspace is gone).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct OwnerSession {
     #[serde(rename = "ws")]
@@ -46,6 +47,8 @@ struct OwnerSession {
     csrf: String,
     #[serde(rename = "exp")]
     until_ms: u64,
+    #[serde(default)]
+    cred: String,
 }
 
 const SESSION_PREFIX: &str = "ows1";
@@ -57,19 +60,23 @@ fn random_hex() -> String {
 }
 
 impl OwnerSession {
-    fn open(keyring: &Keyring, workspace: &str) -> String {
+    fn open(approvals: &ApprovalDesk, workspace: &str) -> Option<String> {
         let session = OwnerSession {
             workspace: workspace.to_owned(),
             csrf: random_hex(),
             until_ms: now_ms() + SESSION_TTL.as_millis() as u64,
+            cred: approvals.owners.session_digest(workspace)?,
         };
-        keyring.seal(SESSION_PREFIX, &session)
+        Some(approvals.keyring.seal(SESSION_PREFIX, &session))
     }
 
-    fn of(keyring: &Keyring, headers: &HeaderMap) -> Option<OwnerSession> {
+    fn of(approvals: &ApprovalDesk, headers: &HeaderMap) -> Option<OwnerSession> {
         let sealed = cookie(headers, COOKIE)?;
-        let session: OwnerSession = keyring.open(SESSION_PREFIX, sealed).ok()?;
-        (session.until_ms > now_ms()).then_some(session)
+        let session: OwnerSession = approvals.keyring.open(SESSION_PREFIX, sealed).ok()?;
+        let current = approvals.owners.session_digest(&session.workspace)?;
+        (session.until_ms > now_ms()
+            && constant_time_eq(current.as_bytes(), session.cred.as_bytes()))
+        .then_some(session)
     }
 }
 
@@ -88,6 +95,7 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
     Router::new()
         .route("/inbox", get(inbox))
         .route("/inbox/login", post(login))
+        .route("/inbox/logout", post(logout))
         .route("/inbox/{id}", get(inbox_one))
         .route("/inbox/{id}/decide", post(decide))
         .with_state(gateway)
@@ -129,7 +137,7 @@ async fn page_for(
         Some(id) if ApprovalId::parse(id).is_some() => format!("/inbox/{id}"),
         _ => "/inbox".to_owned(),
     };
-    let Some(session) = OwnerSession::of(&gateway.approvals.keyring, headers) else {
+    let Some(session) = OwnerSession::of(&gateway.approvals, headers) else {
         return html(StatusCode::OK, &login_page(&next, None));
     };
     let page = page.min(MAX_PAGES - 1);
@@ -209,7 +217,12 @@ async fn login(
             &login_page(&next, Some("That owner token is not valid.")),
         );
     };
-    let sealed = OwnerSession::open(&gateway.approvals.keyring, workspace);
+    let Some(sealed) = OwnerSession::open(&gateway.approvals, workspace) else {
+        return html(
+            StatusCode::UNAUTHORIZED,
+            &login_page(&next, Some("That owner token is not valid.")),
+        );
+    };
     tracing::info!(workspace, "owner signed in to the inbox");
     let secure = if gateway.approvals.public_url.starts_with("https://") {
         "; Secure"
@@ -224,6 +237,26 @@ async fn login(
             SESSION_TTL.as_secs()
         ))
         .expect("ASCII"),
+    );
+    response
+}
+
+/// Ends the browser's owner session: its cookie is cleared. (Sessions are sealed cookies; one
+/// copied elsewhere lives until it expires or the owner credential changes.)
+async fn logout(State(gateway): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
+    if !gateway.host_allowed(&headers) {
+        return foreign_host();
+    }
+    if !gateway.same_origin(&headers) {
+        return html(
+            StatusCode::FORBIDDEN,
+            &shell("Inbox", "<p>Cross-site sign-out refused.</p>"),
+        );
+    }
+    let mut response = redirect("/inbox");
+    response.headers_mut().insert(
+        header::SET_COOKIE,
+        HeaderValue::from_static("obol_owner=; HttpOnly; SameSite=Strict; Path=/inbox; Max-Age=0"),
     );
     response
 }
@@ -243,7 +276,7 @@ async fn decide(
     if !gateway.host_allowed(&headers) {
         return foreign_host();
     }
-    let Some(session) = OwnerSession::of(&gateway.approvals.keyring, &headers) else {
+    let Some(session) = OwnerSession::of(&gateway.approvals, &headers) else {
         return html(
             StatusCode::UNAUTHORIZED,
             &login_page("/inbox", Some("Sign in to decide.")),
