@@ -352,3 +352,36 @@ async fn hostile_key_names_are_refused_and_never_forge_a_log_line() {
     assert!(!gateway.log().contains("forged line"), "{}", gateway.log());
     assert!(!gateway.log().contains('\u{1b}'));
 }
+
+/// Issue 10: revoking a key ends its sessions and its open `GET /mcp` stream at once.
+#[tokio::test]
+async fn revoking_a_key_ends_its_sessions_and_streams_at_once() {
+    let vendor = MockVendor::start().await;
+    let gateway = GatewayProcess::start(&admin_config(&vendor));
+    let (_, created) = create(&gateway, "streamer", "acme", "*", &[]);
+    let token = created["token"].as_str().unwrap().to_owned();
+    let raw = RawMcp::new(&gateway.url);
+    let (session, _) = raw.initialize(&token, "2025-11-25").await;
+    let mut stream = reqwest::Client::new()
+        .get(&gateway.url)
+        .header("authorization", format!("Bearer {token}"))
+        .header("accept", "text/event-stream")
+        .header("mcp-session-id", &session)
+        .header("mcp-protocol-version", "2025-11-25")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status().as_u16(), 200);
+    let (code, _) = obol(&gateway, &["keys", "revoke", "streamer"]);
+    assert_eq!(code, 0);
+    let revoked = std::time::Instant::now();
+    // The stream ends (its keep-alive comes every 15 s: an end within 2 s is the revocation).
+    let ended = tokio::time::timeout(Duration::from_secs(2), async {
+        while let Ok(Some(_)) = stream.chunk().await {}
+    })
+    .await;
+    assert!(ended.is_ok(), "the stream outlived the revocation");
+    println!("stream ended {:?} after the revocation", revoked.elapsed());
+    let after = raw.request(&token, &session, 2, "ping", json!({})).await;
+    assert_eq!(after.status, 401, "{:?}", after.message());
+}

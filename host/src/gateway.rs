@@ -200,7 +200,14 @@ impl Gateway {
             .iter()
             .cloned()
             .chain(seen.live_keys(&records, &self.config_workspaces));
-        *self.keys.write().expect("keys lock") = Arc::new(KeyTable::new(keys));
+        let table = Arc::new(KeyTable::new(keys));
+        *self.keys.write().expect("keys lock") = Arc::clone(&table);
+        // A revoked key's sessions end now, and with them its open streams: every later
+        // request would be refused anyway, but a stream never asks again.
+        for id in self.sessions.close_where(|key| !table.knows(key)) {
+            tracing::info!(session = %id.redacted(), "session ended: its key was revoked");
+            let _ = self.events.send(Event::SessionClosed(id));
+        }
 
         let mut workspaces = self.config_workspaces.clone();
         for workspace in &mut workspaces {

@@ -134,6 +134,20 @@ impl Sessions {
         }
     }
 
+    /// Ends every session whose key `ended` says is gone; returns their ids.
+    pub fn close_where(&self, ended: impl Fn(&KeyHash) -> bool) -> Vec<SessionId> {
+        let mut live = self.live.lock().expect("sessions lock");
+        let closed: Vec<SessionId> = live
+            .iter()
+            .filter(|(_, session)| ended(&session.key))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &closed {
+            live.remove(id);
+        }
+        closed
+    }
+
     pub fn len(&self) -> usize {
         self.live.lock().expect("sessions lock").len()
     }

@@ -156,6 +156,11 @@ impl KeyTable {
         self.by_hash.values()
     }
 
+    /// Whether a key with this hash is live in the table.
+    pub fn knows(&self, hash: &KeyHash) -> bool {
+        self.by_hash.contains_key(hash)
+    }
+
     pub fn authenticate(&self, token: &str) -> Option<Arc<VirtualKey>> {
         self.by_hash.get(&KeyHash::of_token(token)).cloned()
     }
