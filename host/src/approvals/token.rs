@@ -26,12 +26,14 @@ fn valid_key_id(id: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
-/// The signed payload. Short field names: it travels in a header.
+/// The signed payload. Short field names: it travels in a header. It names no key: a
+/// token can be seen in transit (a proxy's log), and a key's hash is enough to test guesses of
+/// a hand-chosen token offline. The key is checked against the ticket, on the server.
+/// (Tokens of earlier releases carry `kh`; it is ignored.)
 #[derive(Debug, Serialize, Deserialize)]
 struct Payload {
     aid: String,
     ws: String,
-    kh: String,
     tool: String,
     idk: String,
     rh: String,
@@ -45,7 +47,6 @@ struct Payload {
 pub struct ApprovalGrant {
     pub approval_id: ApprovalId,
     pub workspace: String,
-    pub key_hash: String,
     pub tool: String,
     pub idempotency_key: IdempotencyKey,
     pub request_hash: String,
@@ -133,7 +134,6 @@ impl Keyring {
         let payload = Payload {
             aid: ticket.id.to_string(),
             ws: ticket.workspace.clone(),
-            kh: ticket.key_hash.clone(),
             tool: ticket.tool.clone(),
             idk: ticket.idempotency_key.clone(),
             rh: ticket.request_hash.clone(),
@@ -194,7 +194,6 @@ impl Keyring {
         Ok(ApprovalGrant {
             approval_id: ApprovalId::parse(&payload.aid).ok_or(TokenError::Malformed)?,
             workspace: payload.ws,
-            key_hash: payload.kh,
             tool: payload.tool,
             idempotency_key: IdempotencyKey::parse(&payload.idk)
                 .map_err(|_| TokenError::Malformed)?,
@@ -252,6 +251,20 @@ mod tests {
             expires_at_ms,
             status: TicketStatus::Pending,
         }
+    }
+
+    /// A token seen in transit must not hand out the key's hash (enough to test guesses of a
+    /// hand-chosen token offline).
+    #[test]
+    fn a_token_names_no_key() {
+        let ring = Keyring::ephemeral();
+        let mut t = ticket(2_000);
+        t.key_hash = format!("sha256:{}", "ab".repeat(32));
+        let token = ring.sign(&t, Decision::Approved);
+        let body = token.split('.').nth(2).unwrap();
+        let payload = String::from_utf8(URL_SAFE_NO_PAD.decode(body).unwrap()).unwrap();
+        assert!(!payload.contains("abab"), "{payload}");
+        assert!(!payload.contains("\"kh\""), "{payload}");
     }
 
     #[test]

@@ -118,7 +118,7 @@ async fn post_admitted(
     let key = Arc::clone(key);
     // A resume's token is verified before anything else runs; the lifecycle binds it to the
     // held call.
-    let approval = approval_grant(gateway, headers, &key)?;
+    let approval = approval_grant(gateway, headers, &key).await?;
     if !accepts_event_stream(headers)? {
         return Err(ObolError::NotAcceptable("text/event-stream"));
     }
@@ -226,8 +226,9 @@ async fn dispatch(
 }
 
 /// The resume headers, verified: both or neither, a well-formed id, a token signed by an
-/// accepted key, for that id, issued to this key, not expired.
-fn approval_grant(
+/// accepted key, for that id, issued to this key (by its ticket, on the server: the token
+/// names no key), not expired.
+async fn approval_grant(
     gateway: &Gateway,
     headers: &HeaderMap,
     key: &VirtualKey,
@@ -270,10 +271,21 @@ fn approval_grant(
             "the token belongs to another approval",
         ));
     }
-    if grant.workspace != key.workspace || grant.key_hash != key.hash.to_string() {
-        return Err(ObolError::ApprovalInvalid(
-            "the token was issued to another key",
-        ));
+    let issued_to_another = || ObolError::ApprovalInvalid("the token was issued to another key");
+    if grant.workspace != key.workspace {
+        return Err(issued_to_another());
+    }
+    // A ticket already gone (expired past the retention) binds nothing here; the held slot
+    // still belongs to the key that made the call.
+    match gateway.services.store.ticket(&grant.approval_id).await {
+        Ok(Some(ticket)) if ticket.key_hash != key.hash.to_string() => {
+            return Err(issued_to_another());
+        }
+        Ok(_) => {}
+        Err(error) => {
+            tracing::warn!("could not read a ticket to check a resume: {error}");
+            return Err(ObolError::StoreUnavailable);
+        }
     }
     Ok(Some(grant))
 }
