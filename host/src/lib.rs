@@ -36,6 +36,8 @@ pub mod mcp;
 pub mod names;
 pub mod outbound;
 pub mod policy;
+#[cfg(test)]
+mod properties;
 pub mod runtime;
 pub mod sandbox;
 pub mod server;

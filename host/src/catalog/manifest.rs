@@ -628,4 +628,37 @@ mod tests {
         );
         assert!(JsonPointer::parse("idempotency_key").is_err());
     }
+
+    proptest::proptest! {
+        #![proptest_config(crate::properties::config())]
+
+        /// Any manifest a component could return: validated, or refused with a typed error,
+        /// never a panic; an accepted one has a well-formed connector name and unique tools.
+        #[test]
+        fn properties_any_manifest_gets_a_typed_answer(
+            name in "[a-z.]{0,6}|\\PC{0,12}",
+            tools in proptest::collection::vec(
+                ("[a-z_.]{0,6}|\\PC{0,8}", "\\{\"type\":\"object\"\\}|\\PC{0,24}", 0u16..1000, 0u16..1000),
+                0..4,
+            ),
+        ) {
+            let tools = tools
+                .into_iter()
+                .map(|(name, schema, first, last)| {
+                    let mut t = tool(&name);
+                    t.input_schema = schema;
+                    t.effect.retryable.push(wit::StatusRange { first, last });
+                    t
+                })
+                .collect();
+            if let Ok(valid) = Manifest::validate(manifest(&name, tools)) {
+                proptest::prop_assert!(ConnectorName::parse(valid.name.as_str()).is_ok());
+                let mut names: Vec<&str> = valid.tools.iter().map(|t| t.upstream_name.as_str()).collect();
+                let before = names.len();
+                names.sort_unstable();
+                names.dedup();
+                proptest::prop_assert_eq!(names.len(), before);
+            }
+        }
+    }
 }

@@ -636,3 +636,64 @@ fn decorate(response: &mut Response, status: StatusCode, version: &'static str) 
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     headers.insert(VERSION_HEADER, HeaderValue::from_static(version));
 }
+
+/// The JSON-RPC envelope against generated input (`crate::properties` says how many cases).
+#[cfg(test)]
+mod properties {
+    use proptest::arbitrary::any;
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::properties::{config, json_value};
+
+    proptest! {
+        #![proptest_config(config())]
+
+        /// Any bytes: a message, or a typed refusal (-32700 or -32600), never a panic.
+        #[test]
+        fn properties_any_body_gets_a_typed_answer(body in prop::collection::vec(any::<u8>(), 0..256)) {
+            match json::parse(&body).and_then(Message::parse) {
+                Ok(_) | Err(ObolError::Parse(_)) | Err(ObolError::InvalidRequest(_)) => {}
+                Err(other) => prop_assert!(false, "unexpected refusal {other:?}"),
+            }
+        }
+
+        /// Any JSON document: the strict reader reads what serde_json wrote (an independent
+        /// serializer), and the envelope either parses or is refused as an invalid request.
+        #[test]
+        fn properties_json_documents_read_back(value in json_value()) {
+            let text = serde_json::to_vec(&value).unwrap();
+            prop_assert_eq!(json::parse(&text).unwrap(), value.clone());
+            match Message::parse(value) {
+                Ok(_) | Err(ObolError::InvalidRequest(_)) => {}
+                Err(other) => prop_assert!(false, "unexpected refusal {other:?}"),
+            }
+        }
+
+        /// Requests built from generated ids, methods and params parse into requests.
+        #[test]
+        fn properties_requests_parse(id in any::<i64>(), method in "[a-z/]{1,20}", params in json_value()) {
+            let params = match params {
+                Value::Object(map) => Value::Object(map),
+                _ => json!({}),
+            };
+            let request = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+            let message = json::parse(request.to_string().as_bytes()).and_then(Message::parse);
+            prop_assert!(message.is_ok(), "{:?}", message.err());
+        }
+
+        /// Header values of any bytes: a value or a typed refusal, never a panic.
+        #[test]
+        fn properties_headers_take_any_bytes(values in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..40), 0..3)) {
+            let mut headers = HeaderMap::new();
+            for value in &values {
+                if let Ok(value) = HeaderValue::from_bytes(value) {
+                    headers.append(VERSION_HEADER, value);
+                }
+            }
+            let _ = single_header(&headers, VERSION_HEADER);
+            let _ = known_version(&headers);
+            let _ = accepts_event_stream(&headers);
+        }
+    }
+}
