@@ -129,21 +129,39 @@ async fn idle_and_slow_connections_cannot_crowd_out_a_call() {
     println!("normal call under abuse: {first:?}; after: {after:?}");
 }
 
-/// Uploads that announce 8 MiB and send all but the last byte: the gateway buffers no more
-/// than its body budget (refusing the rest with `overloaded` before buffering them), cuts the
-/// ones it accepted off at the body-read timeout, keeps its memory bounded, and answers a
-/// normal call meanwhile.
+/// With the default limits (but a shorter body-read timeout), 100 uploads that announce 8 MiB
+/// and send all but the last byte, and 500 connections sending endless header lines: the
+/// gateway buffers no more than its body budget (refusing the rest with `overloaded` before
+/// buffering them), cuts the uploads it took off at the body-read timeout and the heads at the
+/// header limit, keeps its memory under 256 MiB, and answers a normal call meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stalled_uploads_cannot_exhaust_memory() {
     let vendor = MockVendor::start().await;
     let mut config = GatewayConfig::new(&vendor.base_url());
-    config.server = "body_budget_mib = 32\nbody_read_timeout_ms = 4000".into();
+    config.server = "body_read_timeout_ms = 4000".into();
     let gateway = GatewayProcess::start(&config);
     let address = address(&gateway);
     let before = gateway.peak_rss_mib();
 
     const BODY: usize = 8 << 20;
-    let uploads: Vec<_> = (0..40)
+    let heads: Vec<_> = (0..500)
+        .map(|_| {
+            let address = address.clone();
+            tokio::spawn(async move {
+                let Ok(mut stream) = TcpStream::connect(&address).await else {
+                    return;
+                };
+                let _ = stream.write_all(b"GET /mcp HTTP/1.1\r\n").await;
+                let line = format!("x-flood: {}\r\n", "h".repeat(1000));
+                for _ in 0..10_000 {
+                    if stream.write_all(line.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            })
+        })
+        .collect();
+    let uploads: Vec<_> = (0..100)
         .map(|_| {
             let address = address.clone();
             tokio::spawn(async move {
@@ -194,14 +212,17 @@ async fn stalled_uploads_cannot_exhaust_memory() {
             panic!("an upload got {answer:?}");
         }
     }
+    for head in heads {
+        head.await.unwrap();
+    }
     let peak = gateway.peak_rss_mib();
     let after = served(&gateway).await;
     println!(
-        "40 stalled 8 MiB uploads: {overloaded} refused overloaded, {timed_out} cut off; peak RSS {peak} MiB (at start {before} MiB); normal call during {during:?}, after {after:?}"
+        "100 stalled 8 MiB uploads + 500 header floods: {overloaded} refused overloaded, {timed_out} cut off; peak RSS {peak} MiB (at start {before} MiB); normal call during {during:?}, after {after:?}"
     );
-    // 32 MiB less the eighth kept for small bodies holds three 8 MiB bodies at most.
+    // 64 MiB less the eighth kept for small bodies holds seven 8 MiB bodies at most.
     assert!(
-        timed_out <= 3 && overloaded >= 37,
+        timed_out <= 7 && overloaded >= 93,
         "{overloaded} / {timed_out}"
     );
     assert!(peak < 256, "peak RSS {peak} MiB");
