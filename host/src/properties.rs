@@ -139,6 +139,9 @@ proptest! {
             prop_assert!(text.len() <= 64 && text.is_ascii());
         }
         let _ = crate::policy::Scope::parse(&text);
+        // Approval tokens: genuine ones only; anything else a typed refusal.
+        let ring = crate::approvals::Keyring::ephemeral();
+        prop_assert!(ring.verify(&text, 0).is_err());
     }
 
     /// An Idempotency-Key is accepted exactly when it is `idt_` and 16 to 128 of
