@@ -42,3 +42,4 @@ pub mod runtime;
 pub mod sandbox;
 pub mod server;
 pub mod store;
+pub mod upstream;
