@@ -9,6 +9,8 @@
 //! - `admin`: keys and publications managed on a running gateway (`obol keys`, `obol policies`).
 //! - `approvals`: held destructive calls, the owner's inbox (in headless Chromium), tokens.
 //! - `lifecycle`: attempt accounting over every path, hang-ups, unrecorded outcomes, key echo.
+//! - `upstreams`: remote MCP servers (`kind = "mcp"`): a misbehaving mock and the official
+//!   reference server, through the same lifecycle.
 
 mod support;
 
@@ -23,3 +25,4 @@ mod redis_store;
 mod sandboxing;
 mod tools;
 mod transport;
+mod upstreams;

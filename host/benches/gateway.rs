@@ -190,6 +190,7 @@ async fn store_alone(redis: &Redis) {
                     policies: Vec::new(),
                     approval: ApprovalBasis::NotRequired,
                     evidence: EvidenceClass::GatewayObserved,
+                    route: Default::default(),
                 },
                 Opening::Reserved {
                     lease_until_ms: now_ms() + 60_000,
@@ -247,6 +248,7 @@ async fn store_alone(redis: &Redis) {
                 policies: Vec::new(),
                 approval: ApprovalBasis::NotRequired,
                 evidence: EvidenceClass::GatewayObserved,
+                route: Default::default(),
             };
             let record = ClaimRecord::open(
                 Pin::new(
@@ -281,6 +283,7 @@ async fn store_alone(redis: &Redis) {
                 outcome: OutcomeClass::Accepted,
                 vendor_status: Some(200),
                 evidence: EvidenceClass::GatewayObserved,
+                route: Default::default(),
                 verification: Verification::Verified,
                 note: None,
                 policy_publication: None,
@@ -377,7 +380,11 @@ fn memory_with_50_connectors() {
     let started = Instant::now();
     let connectors = fifty_connectors(&runtime);
     let compile = started.elapsed();
-    let catalog = Catalog::build(connectors, &workspace_config(&[]).workspaces);
+    let catalog = Catalog::build(
+        connectors,
+        &workspace_config(&[]).workspaces,
+        &Default::default(),
+    );
     let after = rss_mib();
     println!("memory");
     println!(
@@ -394,7 +401,7 @@ fn listing_over_1000_tools() {
     let runtime = bench_runtime();
     let connectors = fifty_connectors(&runtime);
     let config = workspace_config(&connectors);
-    let catalog = Catalog::build(connectors, &config.workspaces);
+    let catalog = Catalog::build(connectors, &config.workspaces, &Default::default());
     let key = VirtualKey {
         name: "bench".into(),
         hash: KeyHash::of_token(TOKEN),
@@ -411,9 +418,10 @@ fn listing_over_1000_tools() {
         let started = Instant::now();
         let listing = catalog.listing(&key);
         samples.push(started.elapsed());
-        size = listing.len();
+        size = listing.unwrap().len();
     }
-    let tools = serde_json::from_str::<serde_json::Value>(&catalog.listing(&key)).unwrap()["tools"]
+    let tools = serde_json::from_str::<serde_json::Value>(&catalog.listing(&key).unwrap()).unwrap()
+        ["tools"]
         .as_array()
         .unwrap()
         .len();
@@ -452,12 +460,12 @@ fn listing_over_1000_tools() {
     let mut cold = Vec::new();
     let mut warm = Vec::new();
     for _ in 0..20 {
-        let fresh = Catalog::build(connectors.clone(), &config.workspaces);
+        let fresh = Catalog::build(connectors.clone(), &config.workspaces, &Default::default());
         let started = Instant::now();
-        std::hint::black_box(fresh.listing(&key));
+        std::hint::black_box(fresh.listing(&key).unwrap());
         cold.push(started.elapsed());
         let started = Instant::now();
-        std::hint::black_box(fresh.listing(&key));
+        std::hint::black_box(fresh.listing(&key).unwrap());
         warm.push(started.elapsed());
     }
     let (cold50, _) = percentiles(&mut cold);
@@ -468,7 +476,7 @@ fn listing_over_1000_tools() {
         us(warm50),
         us(warm99)
     );
-    let fresh = Catalog::build(connectors, &config.workspaces);
+    let fresh = Catalog::build(connectors, &config.workspaces, &Default::default());
     let route = fresh.workspaces["bench"]
         .routes
         .values()
@@ -482,7 +490,7 @@ fn listing_over_1000_tools() {
         decide.push(started.elapsed());
     }
     let (d50, d99) = percentiles(&mut decide);
-    fresh.listing(&key);
+    fresh.listing(&key).unwrap();
     let mut lookup = Vec::new();
     for _ in 0..2000 {
         let started = Instant::now();

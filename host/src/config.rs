@@ -132,6 +132,8 @@ pub struct OutboundConfig {
     pub connect_timeout: Duration,
     pub request_timeout: Duration,
     pub max_response_bytes: usize,
+    /// How long one MCP upstream's `tools/list` (every page) may take.
+    pub upstream_list_timeout: Duration,
 }
 
 /// Where a component's bytes come from.
@@ -152,23 +154,144 @@ pub struct WorkspaceConfig {
     pub connections: Vec<ConnectionConfig>,
     /// Cedar policy publications, immutable and numbered.
     pub publications: Vec<Arc<Publication>>,
+    /// What a listing does when an MCP upstream does not answer (`upstream_failure`).
+    pub upstream_failure: UpstreamFailure,
+}
+
+/// What `tools/list` does when one of the workspace's MCP upstreams cannot be listed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UpstreamFailure {
+    /// The upstream's tools are left out (and answer `Unknown tool`) until it answers again.
+    #[default]
+    Skip,
+    /// The listing fails with a retryable error until every upstream answers.
+    FailClosed,
 }
 
 /// A connector bound to a vendor account inside a workspace.
 #[derive(Debug, Clone)]
 pub struct ConnectionConfig {
     pub id: String,
-    /// The connector's manifest name, which is also the tool prefix.
-    pub connector: String,
     /// The environment the connection's tools belong to (the deployment's by default).
     pub environment: Environment,
-    pub base_url: BaseUrl,
-    pub settings: BTreeMap<String, String>,
+    pub kind: ConnectionKind,
     pub secret: Option<SecretRef>,
     /// How long the vendor deduplicates on the idempotency key it receives (Stripe: 24 h).
     /// After it, a same-key retry of an `unknown` call replays instead of resending: a resend
     /// the vendor no longer recognises would be a second effect.
     pub idempotency_window: Duration,
+}
+
+/// What serves a connection's tools.
+#[derive(Debug, Clone)]
+pub enum ConnectionKind {
+    /// A WebAssembly component, whose manifest name is also the tool prefix.
+    Component {
+        connector: String,
+        base_url: BaseUrl,
+        settings: BTreeMap<String, String>,
+    },
+    /// A remote Streamable HTTP MCP server (`kind = "mcp"`).
+    Mcp(Arc<McpUpstream>),
+}
+
+/// A remote MCP server and what the operator says about its tools (ADR-0045).
+#[derive(Debug)]
+pub struct McpUpstream {
+    pub url: UpstreamUrl,
+    /// The tool prefix: `prefix.upstream_tool`.
+    pub prefix: String,
+    /// Whether the upstream's `readOnlyHint` may make a tool non-destructive.
+    pub annotations: Annotations,
+    /// Per-tool declarations, by the upstream's unprefixed name.
+    pub tools: BTreeMap<String, UpstreamToolConfig>,
+    /// The protocol version offered in `initialize` (the upstream may answer an older one).
+    pub protocol_version: Option<String>,
+}
+
+/// The protocol versions the gateway speaks to MCP upstreams, newest first.
+pub const PROTOCOL_VERSIONS: [&str; 5] = [
+    "2026-07-28",
+    "2025-11-25",
+    "2025-06-18",
+    "2025-03-26",
+    "2024-11-05",
+];
+
+/// What the operator says of a tool's `isError: true` results (`rejected_on_error`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ErrorResults {
+    /// MCP puts partial failures there too: the call may have acted.
+    #[default]
+    MayHaveActed,
+    /// The operator knows this tool's errors are refusals before any effect.
+    AreRejections,
+}
+
+/// Whether the operator trusts this connection's annotations (`trusted_annotations`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Annotations {
+    #[default]
+    Untrusted,
+    Trusted,
+}
+
+/// What the operator declared of a tool in config, if anything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Declared {
+    Destructive,
+    ReadOnly,
+    Nothing,
+}
+
+/// The operator's word on one upstream tool.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct UpstreamToolConfig {
+    pub declared: Option<Declared>,
+    pub error_results: ErrorResults,
+}
+
+/// An upstream's URL. It may carry a secret in its query, so it never prints.
+#[derive(Clone, PartialEq, Eq)]
+pub struct UpstreamUrl(reqwest::Url);
+
+impl UpstreamUrl {
+    pub fn parse(text: &str) -> Result<UpstreamUrl, String> {
+        // The error never repeats the text: it may hold a token.
+        let url = reqwest::Url::parse(text).map_err(|e| format!("url is not a URL ({e})"))?;
+        if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
+            return Err("url must be http:// or https:// with a host".into());
+        }
+        if !url.username().is_empty() || url.password().is_some() {
+            return Err("url must not carry credentials; use a secret reference".into());
+        }
+        Ok(UpstreamUrl(url))
+    }
+
+    pub fn as_str(&self) -> &str {
+        self.0.as_str()
+    }
+
+    /// `scheme://host:port`: what may be shown of it.
+    pub fn origin(&self) -> String {
+        self.0.origin().ascii_serialization()
+    }
+}
+
+impl std::fmt::Debug for UpstreamUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "UpstreamUrl({}/…)", self.origin())
+    }
+}
+
+impl ConnectionConfig {
+    /// The first part of every tool name this connection serves.
+    pub fn prefix(&self) -> &str {
+        match &self.kind {
+            ConnectionKind::Component { connector, .. } => connector,
+            ConnectionKind::Mcp(upstream) => &upstream.prefix,
+        }
+    }
 }
 
 /// The vendor deduplication window assumed when a connection names none (Stripe's).
@@ -418,6 +541,7 @@ struct OutboundFile {
     connect_timeout_ms: Option<u64>,
     request_timeout_ms: Option<u64>,
     max_response_kib: Option<usize>,
+    upstream_list_timeout_ms: Option<u64>,
 }
 
 #[derive(Deserialize, Default)]
@@ -447,6 +571,8 @@ struct WorkspaceFile {
     connections: Vec<ConnectionFile>,
     #[serde(default)]
     publications: Vec<PublicationFile>,
+    /// `skip` (default) or `fail_closed`.
+    upstream_failure: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -462,13 +588,126 @@ struct PublicationFile {
 #[serde(deny_unknown_fields)]
 struct ConnectionFile {
     id: String,
-    connector: String,
+    /// `component` (default) or `mcp`.
+    kind: Option<String>,
+    connector: Option<String>,
     environment: Option<String>,
-    base_url: String,
+    base_url: Option<String>,
     #[serde(default)]
     settings: BTreeMap<String, String>,
     secret: Option<SecretFile>,
     idempotency_window_hours: Option<u64>,
+    // `kind = "mcp"` only.
+    url: Option<String>,
+    prefix: Option<String>,
+    #[serde(default)]
+    trusted_annotations: bool,
+    protocol_version: Option<String>,
+    #[serde(default)]
+    tools: BTreeMap<String, UpstreamToolFile>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UpstreamToolFile {
+    destructive: Option<bool>,
+    #[serde(default)]
+    rejected_on_error: bool,
+}
+
+/// Names no prefix may take: they would read as the gateway's own.
+const RESERVED_PREFIXES: [&str; 4] = ["obol", "mcp", "search_tools", "call_tool"];
+
+impl ConnectionFile {
+    /// Parses what serves the connection; `id` is already checked.
+    fn kind(&mut self) -> Result<ConnectionKind, String> {
+        let id = &self.id;
+        match self.kind.as_deref() {
+            None | Some("component") => {
+                if self.url.is_some() || self.prefix.is_some() || !self.tools.is_empty() {
+                    return Err(format!(
+                        "connection {id:?}: url, prefix and tools belong to kind = \"mcp\""
+                    ));
+                }
+                let connector = self.connector.take().ok_or_else(|| {
+                    format!("connection {id:?}: a component connection names its connector")
+                })?;
+                crate::names::check("connector", &connector)?;
+                let base_url = self.base_url.as_deref().ok_or_else(|| {
+                    format!("connection {id:?}: a component connection names its base_url")
+                })?;
+                let base_url = BaseUrl::parse(base_url)
+                    .map_err(|e| format!("connection {id:?}: base_url {e}"))?;
+                Ok(ConnectionKind::Component {
+                    connector,
+                    base_url,
+                    settings: std::mem::take(&mut self.settings),
+                })
+            }
+            Some("mcp") => {
+                if self.connector.is_some() || self.base_url.is_some() || !self.settings.is_empty()
+                {
+                    return Err(format!(
+                        "connection {id:?}: connector, base_url and settings belong to component connections; an mcp connection names url and prefix"
+                    ));
+                }
+                let url = self
+                    .url
+                    .as_deref()
+                    .ok_or_else(|| format!("connection {id:?}: an mcp connection names its url"))?;
+                let url = UpstreamUrl::parse(url).map_err(|e| format!("connection {id:?}: {e}"))?;
+                let prefix = self.prefix.take().ok_or_else(|| {
+                    format!("connection {id:?}: an mcp connection names its tool prefix")
+                })?;
+                crate::catalog::ConnectorName::parse(&prefix)
+                    .map_err(|e| format!("connection {id:?}: prefix {prefix:?}: {e}"))?;
+                if RESERVED_PREFIXES.contains(&prefix.as_str()) {
+                    return Err(format!("connection {id:?}: prefix {prefix:?} is reserved"));
+                }
+                if let Some(version) = &self.protocol_version
+                    && !PROTOCOL_VERSIONS.contains(&version.as_str())
+                {
+                    return Err(format!(
+                        "connection {id:?}: protocol_version {version:?} is not one of {:?}",
+                        PROTOCOL_VERSIONS
+                    ));
+                }
+                let tools = std::mem::take(&mut self.tools)
+                    .into_iter()
+                    .map(|(name, tool)| {
+                        let declared = tool.destructive.map(|destructive| match destructive {
+                            true => Declared::Destructive,
+                            false => Declared::ReadOnly,
+                        });
+                        let error_results = match tool.rejected_on_error {
+                            true => ErrorResults::AreRejections,
+                            false => ErrorResults::MayHaveActed,
+                        };
+                        (
+                            name,
+                            UpstreamToolConfig {
+                                declared,
+                                error_results,
+                            },
+                        )
+                    })
+                    .collect();
+                Ok(ConnectionKind::Mcp(Arc::new(McpUpstream {
+                    url,
+                    prefix,
+                    annotations: match self.trusted_annotations {
+                        true => Annotations::Trusted,
+                        false => Annotations::Untrusted,
+                    },
+                    tools,
+                    protocol_version: self.protocol_version.take(),
+                })))
+            }
+            Some(other) => Err(format!(
+                "connection {id:?}: kind {other:?} is not one of \"component\" or \"mcp\""
+            )),
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -631,20 +870,21 @@ impl Config {
                 )));
             }
             let mut connections: Vec<ConnectionConfig> = Vec::new();
-            for connection in workspace.connections {
+            for mut connection in workspace.connections {
                 crate::names::check("connection id", &connection.id).map_err(invalid)?;
-                crate::names::check("connector", &connection.connector).map_err(invalid)?;
-                let base_url = BaseUrl::parse(&connection.base_url).map_err(|e| {
-                    invalid(format!("connection {:?}: base_url {e}", connection.id))
-                })?;
-                // One connection per connector in a workspace: the tool prefix is the
-                // connector's name, so a second connection would make names ambiguous.
+                let kind = connection.kind().map_err(invalid)?;
+                let prefix = match &kind {
+                    ConnectionKind::Component { connector, .. } => connector.as_str(),
+                    ConnectionKind::Mcp(upstream) => upstream.prefix.as_str(),
+                };
+                // One connection per prefix in a workspace (a component's prefix is its
+                // connector's name), so every tool name says which connection serves it.
                 if let Some(existing) = connections
                     .iter()
-                    .find(|c| c.connector == connection.connector || c.id == connection.id)
+                    .find(|c| c.prefix() == prefix || c.id == connection.id)
                 {
                     return Err(invalid(format!(
-                        "workspace {:?}: connections {:?} and {:?} clash (ids and connectors must be unique in a workspace)",
+                        "workspace {:?}: connections {:?} and {:?} clash (ids and tool prefixes must be unique in a workspace)",
                         workspace.id, existing.id, connection.id
                     )));
                 }
@@ -685,10 +925,8 @@ impl Config {
                 };
                 connections.push(ConnectionConfig {
                     id: connection.id,
-                    connector: connection.connector,
                     environment: connection_environment,
-                    base_url,
-                    settings: connection.settings,
+                    kind,
                     secret,
                     idempotency_window,
                 });
@@ -722,12 +960,23 @@ impl Config {
                 .map(KeyHash::parse)
                 .transpose()
                 .map_err(|e| invalid(format!("workspace {:?}: owner: {e}", workspace.id)))?;
+            let upstream_failure = match workspace.upstream_failure.as_deref() {
+                None | Some("skip") => UpstreamFailure::Skip,
+                Some("fail_closed") => UpstreamFailure::FailClosed,
+                Some(other) => {
+                    return Err(invalid(format!(
+                        "workspace {:?}: upstream_failure {other:?} is not one of \"skip\" or \"fail_closed\"",
+                        workspace.id
+                    )));
+                }
+            };
             workspaces.push(WorkspaceConfig {
                 id: workspace.id,
                 frozen: workspace.frozen,
                 owner,
                 connections,
                 publications,
+                upstream_failure,
             });
         }
 
@@ -873,6 +1122,7 @@ impl Config {
                 connect_timeout: ms(file.outbound.connect_timeout_ms.unwrap_or(5_000)),
                 request_timeout,
                 max_response_bytes: file.outbound.max_response_kib.unwrap_or(4 * 1024) << 10,
+                upstream_list_timeout: ms(file.outbound.upstream_list_timeout_ms.unwrap_or(5_000)),
             },
             workspaces,
             keys,

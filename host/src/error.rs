@@ -89,6 +89,9 @@ pub enum ObolError {
     UpstreamUnreachable,
     #[error("the vendor did not answer in time; the outcome is unknown")]
     UpstreamTimeout,
+    /// A `fail_closed` workspace cannot list one of its MCP upstreams.
+    #[error("MCP upstream {connection:?} cannot be listed; retry later")]
+    UpstreamUnavailable { connection: String },
     #[error("the vendor's response exceeds {limit} bytes")]
     UpstreamResponseTooLarge { limit: usize },
     #[error("the connector's output exceeds {limit} bytes")]
@@ -251,6 +254,9 @@ impl ObolError {
                 true,
             ),
             UpstreamUnreachable => (RETRY_LATER, StatusCode::OK, "upstream_unreachable", true),
+            UpstreamUnavailable { .. } => {
+                (RETRY_LATER, StatusCode::OK, "upstream_unavailable", true)
+            }
             CredentialUnavailable => (RETRY_LATER, StatusCode::OK, "credential_unavailable", true),
             IdempotencyConflict => (CALL_FAILED, StatusCode::OK, "idempotency_conflict", false),
             ComponentFailed(_) => (CALL_FAILED, StatusCode::OK, "component_failed", false),
@@ -455,6 +461,9 @@ mod tests {
         E::InvalidOutboundRequest(_) => E::InvalidOutboundRequest(String::new()),
         E::UpstreamUnreachable => E::UpstreamUnreachable,
         E::UpstreamTimeout => E::UpstreamTimeout,
+        E::UpstreamUnavailable { .. } => E::UpstreamUnavailable {
+            connection: String::new(),
+        },
         E::UpstreamResponseTooLarge { .. } => E::UpstreamResponseTooLarge { limit: 1 },
         E::ComponentOutputTooLarge { .. } => E::ComponentOutputTooLarge { limit: 1 },
         E::OutputSchemaViolation => E::OutputSchemaViolation,

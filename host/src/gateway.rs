@@ -17,6 +17,16 @@ use crate::outbound::Outbound;
 use crate::policy::{Environment, KeyHash, KeyTable, Scope, VirtualKey};
 use crate::runtime::Runtime;
 use crate::store::Store;
+use crate::upstream::{Signal, Target, UpstreamId, Upstreams};
+
+/// Which upstreams a listing pass reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Staleness {
+    /// Those whose cached tools are past their TTL (or invalidated).
+    Stale,
+    /// Those health says are down (the probe), whatever their cache says.
+    Down,
+}
 
 /// Something every open GET stream may need to hear about.
 #[derive(Debug, Clone)]
@@ -51,6 +61,8 @@ pub struct Gateway {
     events: broadcast::Sender<Event>,
     environment: Environment,
     frozen: HashSet<String>,
+    /// What the upstream pool tells the gateway; `server` takes it to run the upstream loop.
+    signals: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<Signal>>>,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -72,7 +84,9 @@ impl Gateway {
         );
         loader.load_configured()?;
         let (connectors, problems) = loader.load_all();
-        let catalog = Catalog::build(connectors, &config.workspaces);
+        let (upstreams, signals) = Upstreams::new(&config.outbound)?;
+        // Upstreams are listed once the gateway runs (`list_upstreams`).
+        let catalog = Catalog::build(connectors, &config.workspaces, &Default::default());
         for problem in problems.iter().chain(&catalog.problems) {
             tracing::warn!("{problem}");
         }
@@ -88,6 +102,7 @@ impl Gateway {
             services: Arc::new(Services {
                 runtime,
                 outbound: Outbound::new(&config.outbound)?,
+                upstreams: Arc::new(upstreams),
                 store,
                 lease: config.store.lease,
                 inbox_base: public_url.clone(),
@@ -131,6 +146,7 @@ impl Gateway {
             allowed_origins: config.allowed_origins.clone(),
             events,
             environment: config.environment,
+            signals: std::sync::Mutex::new(Some(signals)),
             frozen: config
                 .workspaces
                 .iter()
@@ -220,7 +236,7 @@ impl Gateway {
             let workspaces = Arc::new(workspaces);
             *self.workspaces.write().expect("workspaces lock") = Arc::clone(&workspaces);
             let connectors = self.catalog().connectors.values().cloned().collect();
-            let next = Catalog::build(connectors, &workspaces);
+            let next = self.build_catalog(connectors, &workspaces);
             *self.catalog.write().expect("catalog lock") = Arc::new(next);
             tracing::info!("policy publications changed; notifying sessions");
             let _ = self.events.send(Event::CatalogChanged);
@@ -258,7 +274,7 @@ impl Gateway {
     pub fn reload(&self) -> bool {
         let _rebuilding = self.rebuild.blocking_lock();
         let (connectors, problems) = self.loader.load_all();
-        let next = Catalog::build(connectors, &self.workspaces());
+        let next = self.build_catalog(connectors, &self.workspaces());
         for problem in problems.iter().chain(&next.problems) {
             tracing::warn!("reload: {problem}");
         }
@@ -283,9 +299,92 @@ impl Gateway {
         closed
     }
 
-    /// `tools/list` for a key, from the current snapshot.
-    pub fn list_tools(&self, key: &VirtualKey) -> String {
+    fn build_catalog(
+        &self,
+        connectors: Vec<Arc<crate::catalog::Connector>>,
+        workspaces: &[WorkspaceConfig],
+    ) -> Catalog {
+        Catalog::build(connectors, workspaces, &self.services.upstreams.snapshot())
+    }
+
+    /// `tools/list` for a key: the workspace's upstreams whose cached tools are older than
+    /// their TTL are listed again first (concurrently), then the current snapshot answers.
+    pub async fn list_tools(&self, key: &VirtualKey) -> Result<String, ObolError> {
+        self.list_upstreams(Some(&key.workspace), Staleness::Stale)
+            .await;
         self.catalog().listing(key)
+    }
+
+    /// Lists upstreams (of one workspace, or all) concurrently, each under its own deadline,
+    /// and swaps in a new catalog when what they show changed; sessions then hear
+    /// `tools/list_changed`.
+    pub async fn list_upstreams(&self, workspace: Option<&str>, which: Staleness) {
+        let workspaces = self.workspaces();
+        let ids: Vec<(UpstreamId, &crate::config::ConnectionConfig)> = workspaces
+            .iter()
+            .filter(|w| workspace.is_none_or(|id| w.id == id))
+            .flat_map(|w| {
+                w.connections.iter().map(|c| {
+                    let id = UpstreamId {
+                        workspace: w.id.clone(),
+                        connection: c.id.clone(),
+                    };
+                    (id, c)
+                })
+            })
+            .collect();
+        let upstreams = &self.services.upstreams;
+        let due: Vec<Target<'_>> = ids
+            .iter()
+            .filter_map(|(id, connection)| Target::of(id, connection))
+            .filter(|target| match which {
+                Staleness::Stale => upstreams.stale(target.id),
+                Staleness::Down => upstreams.health.is_down(target.id),
+            })
+            .collect();
+        if due.is_empty() {
+            return;
+        }
+        let changed = futures_util::future::join_all(due.into_iter().map(|t| upstreams.refresh(t)))
+            .await
+            .into_iter()
+            .any(|changed| changed);
+        if changed {
+            self.upstreams_changed().await;
+        }
+    }
+
+    /// Rebuilds the catalog with the pool's current view of every upstream.
+    pub async fn upstreams_changed(&self) {
+        let _rebuilding = self.rebuild.lock().await;
+        let connectors = self.catalog().connectors.values().cloned().collect();
+        let next = self.build_catalog(connectors, &self.workspaces());
+        *self.catalog.write().expect("catalog lock") = Arc::new(next);
+        tracing::info!("upstream tools changed; notifying sessions");
+        let _ = self.events.send(Event::CatalogChanged);
+    }
+
+    /// Runs what the pool asks for: lists an upstream that said its tools changed, rebuilds
+    /// when one went down or came up on a call, and probes the down ones every
+    /// [`crate::upstream::PROBE_INTERVAL`]. Returns when the gateway is dropped.
+    pub async fn run_upstreams(self: Arc<Self>) {
+        let Some(mut signals) = self.signals.lock().expect("signals lock").take() else {
+            return;
+        };
+        let mut probe = tokio::time::interval(crate::upstream::PROBE_INTERVAL);
+        probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                signal = signals.recv() => match signal {
+                    None => return,
+                    Some(Signal::ListChanged(id)) => {
+                        self.list_upstreams(Some(&id.workspace), Staleness::Stale).await;
+                    }
+                    Some(Signal::Flipped(_)) => self.upstreams_changed().await,
+                },
+                _ = probe.tick() => self.list_upstreams(None, Staleness::Down).await,
+            }
+        }
     }
 
     /// Whether a request's `Host` is one this gateway answers to (inbox and admin API).

@@ -9,7 +9,9 @@
 //! - [`idempotency`]: idempotency keys, canonical request hashes, exact numbers.
 //! - [`invoke`]: the invocation lifecycle: one short driver of typed phases, a file per phase.
 //! - [`runtime`]: the wasmtime sandbox a connector's `prepare` and `interpret` run in.
-//! - [`outbound`]: the one place a request leaves the gateway.
+//! - [`outbound`]: the one place a request leaves the gateway for a vendor.
+//! - [`upstream`]: remote MCP servers: the rmcp session pool, tools cache, health, and
+//!   ADR-0045's outcome rules.
 //! - [`store`]: claims, attempt reservations, receipts and audit, embedded or on Redis.
 //! - [`error`]: the one error enum and its rendering to JSON-RPC codes and HTTP statuses.
 //!

@@ -213,13 +213,21 @@ fn admin_call(
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let colours = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("OBOL_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
+    use tracing_subscriber::layer::{Layer, SubscriberExt};
+    use tracing_subscriber::util::SubscriberInitExt;
+    let filter = tracing_subscriber::EnvFilter::try_from_env("OBOL_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let output = tracing_subscriber::fmt::layer()
         .with_writer(move || obol::names::LogWriter::new(std::io::stderr(), colours))
-        .with_ansi(colours)
+        .with_ansi(colours);
+    tracing_subscriber::registry()
+        .with(
+            output
+                .with_filter(filter)
+                .with_filter(tracing_subscriber::filter::filter_fn(|event| {
+                    !obol::names::silenced(event.target())
+                })),
+        )
         .init();
     match run(cli.command) {
         Ok(code) => code,

@@ -29,6 +29,15 @@ pub fn check(kind: &str, name: &str) -> Result<(), String> {
     }
 }
 
+/// Crates whose log events are dropped whatever `OBOL_LOG` says: rmcp's client and reqwest
+/// put request URLs in their messages, and an upstream's URL may carry a token in its query.
+/// The gateway logs what matters of them itself, by connection id.
+pub fn silenced(target: &str) -> bool {
+    ["rmcp", "reqwest"]
+        .iter()
+        .any(|c| target == *c || target.strip_prefix(c).is_some_and(|r| r.starts_with("::")))
+}
+
 /// An untrusted string for an error message or a log line: at most 64 characters, quoted and
 /// escaped (control characters as `\u{..}`).
 pub fn shown(text: &str) -> String {
@@ -86,6 +95,16 @@ fn escaped(line: &[u8], colours: bool) -> Cow<'_, [u8]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn crates_that_log_urls_are_silenced() {
+        for target in ["rmcp", "rmcp::transport::worker", "reqwest::connect"] {
+            assert!(silenced(target), "{target}");
+        }
+        for target in ["obol::upstream", "rmcpx", "hyper_util::client"] {
+            assert!(!silenced(target), "{target}");
+        }
+    }
 
     #[test]
     fn names_follow_one_rule() {

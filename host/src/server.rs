@@ -65,6 +65,12 @@ pub async fn serve(config: Config, listener: TcpListener) -> anyhow::Result<()> 
     // Keys and publications made through the admin API, before the first request. With a
     // shared store, other gateways' changes arrive by polling.
     gateway.refresh_registry().await?;
+    // Every MCP upstream is listed before the first request (each under its deadline; one that
+    // does not answer is down, and probed in the background).
+    gateway
+        .list_upstreams(None, crate::gateway::Staleness::Stale)
+        .await;
+    tokio::spawn(Arc::clone(&gateway).run_upstreams());
     let warming = Arc::clone(&gateway);
     tokio::task::spawn_blocking(move || warming.warm_views());
     if matches!(gateway.services.store, Store::Redis(_)) {

@@ -59,6 +59,11 @@ impl McpClient {
         Ok(McpClient { service })
     }
 
+    /// rmcp's client itself, for what the helpers do not cover.
+    pub fn service(&self) -> &RunningService<RoleClient, ClientConfig> {
+        &self.service
+    }
+
     pub fn protocol_version(&self) -> String {
         self.service
             .peer_info()

@@ -62,6 +62,10 @@ pub struct GatewayConfig {
     pub server: String,
     /// The gateway's open-file limit (`prlimit --nofile`), for tests that run it out.
     pub open_files: Option<u64>,
+    /// More settings of workspace `acme` (e.g. `upstream_failure`), one per line.
+    pub acme_settings: String,
+    /// More connections of workspace `acme` (TOML `[[workspaces.connections]]` tables).
+    pub acme_connections: String,
 }
 
 impl GatewayConfig {
@@ -91,6 +95,8 @@ impl GatewayConfig {
             owner: None,
             server: String::new(),
             open_files: None,
+            acme_settings: String::new(),
+            acme_connections: String::new(),
         }
     }
 
@@ -169,6 +175,8 @@ impl GatewayConfig {
         if let Some(owner) = &self.owner {
             writeln!(toml, "owner = \"{}\"", key_hash(owner)).unwrap();
         }
+        toml.push_str(&self.acme_settings);
+        toml.push('\n');
         for (id, connector, secret) in [
             ("stripe-main", "stripe", true),
             ("tracker-main", "tracker", false),
@@ -199,6 +207,8 @@ impl GatewayConfig {
                 .unwrap();
             }
         }
+        toml.push_str(&self.acme_connections);
+        toml.push('\n');
         for (number, policies) in &self.publications {
             writeln!(
                 toml,

@@ -5,13 +5,16 @@
 
 pub mod browser;
 pub mod client;
+pub mod everything;
 pub mod gateway;
 pub mod redis;
+pub mod upstream;
 pub mod vendor;
 
 pub use client::{McpClient, RawMcp};
 pub use gateway::{GatewayConfig, GatewayProcess};
 pub use redis::{RedisCluster, RedisServer};
+pub use upstream::MockUpstream;
 pub use vendor::{MockVendor, Reply};
 
 /// The token of the key most tests use, and the secret its connections carry.

@@ -96,11 +96,25 @@ impl fmt::Display for ConnectorName {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RouteKind {
+    #[default]
     Native,
     Federated,
+    /// A tool of a remote MCP server (ADR-0045).
+    Mcp,
+}
+
+impl RouteKind {
+    /// As Cedar's `resource.route` and receipts name it.
+    pub fn label(self) -> &'static str {
+        match self {
+            RouteKind::Native => "native",
+            RouteKind::Federated => "federated",
+            RouteKind::Mcp => "mcp",
+        }
+    }
 }
 
 /// How a vendor status is classified. Anything no class claims is `Unknown`.
@@ -122,6 +136,16 @@ pub struct StatusClasses {
 }
 
 impl StatusClasses {
+    /// No HTTP status is final: for tools whose outcome is not read from a vendor status
+    /// (an MCP upstream's are classified by ADR-0045's table instead).
+    pub fn none() -> StatusClasses {
+        StatusClasses {
+            accepted: Vec::new(),
+            definitely_rejected: Vec::new(),
+            retryable: Vec::new(),
+        }
+    }
+
     fn new(tool: &str, spec: &wit::EffectSpec) -> Result<StatusClasses, ManifestError> {
         let ranges = |list: &[wit::StatusRange]| {
             list.iter()
@@ -331,6 +355,20 @@ impl Schema {
         };
         let source: Value =
             serde_json::from_str(text).map_err(|e| invalid(format!("not JSON: {e}")))?;
+        Schema::from_value(tool, which, source)
+    }
+
+    /// Compiles a schema already parsed (an upstream's, from its `tools/list`).
+    pub fn from_value(
+        tool: &str,
+        which: &'static str,
+        source: Value,
+    ) -> Result<Schema, ManifestError> {
+        let invalid = |reason: String| ManifestError::InvalidSchema {
+            tool: tool.to_owned(),
+            which,
+            reason,
+        };
         if !source.is_object() {
             return Err(invalid("a schema must be a JSON object".into()));
         }

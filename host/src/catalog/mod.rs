@@ -13,7 +13,8 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::value::RawValue;
 
-use crate::config::{ConnectionConfig, WorkspaceConfig};
+use crate::config::{ConnectionConfig, ConnectionKind, UpstreamFailure, WorkspaceConfig};
+use crate::error::ObolError;
 use crate::policy::{KeyHash, Policies, Verdict, VirtualKey};
 use crate::runtime::Guest;
 
@@ -31,28 +32,63 @@ pub struct Connector {
     pub guest: Arc<Guest>,
 }
 
-/// One callable tool of one workspace: the tool, the connector that implements it and the
-/// connection it runs on.
+/// One callable tool of one workspace: the tool, what serves it and the connection it runs
+/// on.
 #[derive(Debug)]
 pub struct Route {
     pub name: ToolName,
-    pub connector: Arc<Connector>,
-    pub tool_index: usize,
+    pub served_by: ServedBy,
     pub connection: Arc<ConnectionConfig>,
     /// The tool as `tools/list` shows it, rendered once per snapshot.
     pub listing: Box<RawValue>,
 }
 
+/// The two connector kinds a route can reach.
+#[derive(Debug)]
+pub enum ServedBy {
+    Component {
+        connector: Arc<Connector>,
+        tool_index: usize,
+    },
+    /// A remote MCP server's tool, as the gateway derived it from the upstream's listing.
+    Upstream { id: UpstreamId, tool: Arc<ToolSpec> },
+}
+
 impl Route {
     pub fn tool(&self) -> &ToolSpec {
-        &self.connector.manifest.tools[self.tool_index]
+        match &self.served_by {
+            ServedBy::Component {
+                connector,
+                tool_index,
+            } => &connector.manifest.tools[*tool_index],
+            ServedBy::Upstream { tool, .. } => tool,
+        }
     }
 }
+
+/// An upstream connection, by workspace (connection ids are unique only inside one).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct UpstreamId {
+    pub workspace: String,
+    pub connection: String,
+}
+
+/// What the catalog builds from, per upstream.
+#[derive(Debug, Clone, Default)]
+pub struct Listed {
+    /// The last tools read (none before the first good listing).
+    pub tools: Option<Arc<Vec<Arc<ToolSpec>>>>,
+    pub down: bool,
+}
+
+pub type Snapshot = HashMap<UpstreamId, Listed>;
 
 /// What one workspace can reach, by namespaced name (sorted, so listings are stable).
 #[derive(Debug, Default)]
 pub struct WorkspaceCatalog {
     pub routes: BTreeMap<String, Arc<Route>>,
+    /// Upstreams that could not be listed, in a `fail_closed` workspace: its listing fails.
+    pub unavailable: Vec<String>,
 }
 
 /// An immutable snapshot of everything loaded.
@@ -79,7 +115,11 @@ pub struct KeyView {
 }
 
 impl Catalog {
-    pub fn build(connectors: Vec<Arc<Connector>>, workspaces: &[WorkspaceConfig]) -> Catalog {
+    pub fn build(
+        connectors: Vec<Arc<Connector>>,
+        workspaces: &[WorkspaceConfig],
+        upstreams: &Snapshot,
+    ) -> Catalog {
         let mut catalog = Catalog::default();
         for connector in connectors {
             let name = connector.manifest.name.clone();
@@ -97,15 +137,55 @@ impl Catalog {
                 catalog.policies.add(&workspace.id, Arc::clone(publication));
             }
             let mut routes = BTreeMap::new();
+            let mut unavailable = Vec::new();
             for connection in &workspace.connections {
                 let connection = Arc::new(connection.clone());
-                let Some(connector) = ConnectorName::parse(&connection.connector)
+                let connector = match &connection.kind {
+                    ConnectionKind::Component { connector, .. } => connector,
+                    ConnectionKind::Mcp(upstream) => {
+                        let id = UpstreamId {
+                            workspace: workspace.id.clone(),
+                            connection: connection.id.clone(),
+                        };
+                        let listed = upstreams.get(&id).cloned().unwrap_or_default();
+                        let tools = match (listed.down, workspace.upstream_failure) {
+                            (false, _) => listed.tools,
+                            (true, UpstreamFailure::Skip) => None,
+                            // Calls still reach the last tools read; the listing says why
+                            // it cannot be answered.
+                            (true, UpstreamFailure::FailClosed) => {
+                                unavailable.push(connection.id.clone());
+                                listed.tools
+                            }
+                        };
+                        let prefix = ConnectorName::parse(&upstream.prefix)
+                            .expect("the config checked the prefix");
+                        for tool in tools.iter().flat_map(|tools| tools.iter()) {
+                            let name = ToolName::new(&prefix, &tool.upstream_name);
+                            let listing = render_listing(&name, tool);
+                            routes.insert(
+                                name.as_str().to_owned(),
+                                Arc::new(Route {
+                                    name,
+                                    served_by: ServedBy::Upstream {
+                                        id: id.clone(),
+                                        tool: Arc::clone(tool),
+                                    },
+                                    connection: Arc::clone(&connection),
+                                    listing,
+                                }),
+                            );
+                        }
+                        continue;
+                    }
+                };
+                let Some(connector) = ConnectorName::parse(connector)
                     .ok()
                     .and_then(|name| catalog.connectors.get(&name))
                 else {
                     catalog.problems.push(format!(
                         "workspace {:?}: connection {:?} names connector {:?}, which is not loaded",
-                        workspace.id, connection.id, connection.connector
+                        workspace.id, connection.id, connector
                     ));
                     continue;
                 };
@@ -116,17 +196,23 @@ impl Catalog {
                         name.as_str().to_owned(),
                         Arc::new(Route {
                             name,
-                            connector: Arc::clone(connector),
-                            tool_index,
+                            served_by: ServedBy::Component {
+                                connector: Arc::clone(connector),
+                                tool_index,
+                            },
                             connection: Arc::clone(&connection),
                             listing,
                         }),
                     );
                 }
             }
-            catalog
-                .workspaces
-                .insert(workspace.id.clone(), WorkspaceCatalog { routes });
+            catalog.workspaces.insert(
+                workspace.id.clone(),
+                WorkspaceCatalog {
+                    routes,
+                    unavailable,
+                },
+            );
         }
         catalog
     }
@@ -149,9 +235,19 @@ impl Catalog {
         view
     }
 
-    /// The `tools/list` result for a key, as JSON text.
-    pub fn listing(&self, key: &VirtualKey) -> String {
-        self.view(key).listing.clone()
+    /// The `tools/list` result for a key, as JSON text; refused while a `fail_closed`
+    /// workspace has an upstream it cannot list.
+    pub fn listing(&self, key: &VirtualKey) -> Result<String, ObolError> {
+        if let Some(connection) = self
+            .workspaces
+            .get(&key.workspace)
+            .and_then(|w| w.unavailable.first())
+        {
+            return Err(ObolError::UpstreamUnavailable {
+                connection: connection.clone(),
+            });
+        }
+        Ok(self.view(key).listing.clone())
     }
 
     /// Decides every tool of the key's workspace once, and joins the visible tools' listings
@@ -174,8 +270,8 @@ impl Catalog {
         KeyView { listing, verdicts }
     }
 
-    /// A digest of everything a client could observe in a listing, to tell whether a reload
-    /// changed anything.
+    /// A digest of the components loaded, to tell whether a reload changed anything
+    /// (upstreams say so themselves).
     pub fn fingerprint(&self) -> Vec<(String, String)> {
         let mut seen: Vec<(String, String)> = self
             .connectors

@@ -10,7 +10,7 @@ use super::{Answer, ClaimIdentity, Services, dispatch};
 use crate::catalog::StatusClass;
 use crate::clock::now_ms;
 use crate::error::ObolError;
-use crate::outbound::{AttemptOutcome, VendorReply};
+use dispatch::{Outcome, Reply};
 
 /// A call whose next attempt is durably reserved: the only thing that can be sent.
 #[derive(Debug)]
@@ -63,7 +63,7 @@ impl Claimed {
 impl Reserved {
     /// Sends exactly one attempt.
     pub async fn send(self, services: &Services) -> Sent {
-        let outcome = dispatch::send(services, &self.invocation.plan.request).await;
+        let outcome = dispatch::send(services, &self.invocation.plan).await;
         Sent {
             reserved: self,
             outcome,
@@ -75,17 +75,14 @@ impl Reserved {
 #[derive(Debug)]
 pub struct Sent {
     reserved: Reserved,
-    outcome: AttemptOutcome,
+    outcome: Outcome,
 }
 
 /// What the host made of what it saw, by the tool's declared status classes.
 #[derive(Debug)]
 pub enum Observation {
     /// The vendor answered in full.
-    Replied {
-        reply: VendorReply,
-        class: StatusClass,
-    },
+    Replied { reply: Reply, class: StatusClass },
     /// The request may have reached the vendor; no answer was read.
     NoReply,
     /// The vendor answered more than the cap allows.
@@ -111,15 +108,11 @@ enum Seen {
 
 impl Sent {
     pub fn classify(self) -> Classified {
-        let statuses = &self.reserved.invocation.plan.route().tool().effect.statuses;
         let seen = match self.outcome {
-            AttemptOutcome::NotSent => Seen::Nothing,
-            AttemptOutcome::SentNoReply => Seen::Observed(Observation::NoReply),
-            AttemptOutcome::TooLarge { status } => Seen::Observed(Observation::TooLarge {
-                class: statuses.classify(status),
-            }),
-            AttemptOutcome::Responded(reply) => {
-                let class = statuses.classify(reply.status);
+            Outcome::NotSent => Seen::Nothing,
+            Outcome::SentNoReply => Seen::Observed(Observation::NoReply),
+            Outcome::TooLarge { class } => Seen::Observed(Observation::TooLarge { class }),
+            Outcome::Replied { reply, class } => {
                 Seen::Observed(Observation::Replied { reply, class })
             }
         };

@@ -85,8 +85,10 @@ impl Routed {
             publication: self.verdict.publication,
             policies: self.verdict.policies.clone(),
             approval,
+            route: tool.effect.route,
             evidence: match tool.effect.route {
-                RouteKind::Native => EvidenceClass::GatewayObserved,
+                // The gateway read the upstream MCP server's answer itself.
+                RouteKind::Native | RouteKind::Mcp => EvidenceClass::GatewayObserved,
                 RouteKind::Federated => EvidenceClass::Untrusted,
             },
         };

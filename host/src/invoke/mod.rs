@@ -61,6 +61,8 @@ pub use settle::{Settlement, settle_ticket};
 pub struct Services {
     pub runtime: Arc<Runtime>,
     pub outbound: Outbound,
+    /// The pool of MCP upstream sessions.
+    pub upstreams: Arc<crate::upstream::Upstreams>,
     pub store: Store,
     /// How long a reserved attempt may stay in flight before its holder is presumed dead.
     pub lease: Duration,

@@ -50,7 +50,8 @@ impl Observed {
                 inconclusive,
             ),
             Observation::Replied { reply, class } => {
-                let status = reply.status;
+                let status = reply.status();
+                let upstream = matches!(reply, dispatch::Reply::Upstream(_));
                 let rendered =
                     dispatch::render(services, invocation.plan.route(), class, reply).await;
                 let observed = match (&rendered, outcome_class(class)) {
@@ -63,11 +64,15 @@ impl Observed {
                     (Err(ObolError::OutputSchemaViolation), _) => {
                         Some("the output did not match the tool's output schema")
                     }
+                    (Err(_), _) if upstream => Some("the upstream's answer could not be relayed"),
                     (Err(_), _) => Some("the component could not render the vendor's answer"),
                     (Ok(_), StatusClass::Accepted | StatusClass::DefinitelyRejected) => None,
+                    (Ok(_), _) if upstream => {
+                        Some("the upstream's answer does not prove whether the tool acted")
+                    }
                     (Ok(_), _) => Some("the vendor's status is not one the tool declares final"),
                 };
-                (outcome_class(class), Some(status), rendered, observed, note)
+                (outcome_class(class), status, rendered, observed, note)
             }
         };
         Rendered {

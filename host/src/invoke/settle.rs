@@ -155,6 +155,7 @@ pub fn holder_of(ticket: &Ticket) -> Holder {
         policies: ticket.policies.clone(),
         approval: ApprovalBasis::Required,
         evidence: EvidenceClass::GatewayObserved,
+        route: Default::default(),
     }
 }
 
@@ -207,6 +208,7 @@ mod tests {
             policies: Vec::new(),
             approval: ApprovalBasis::NotRequired,
             evidence: EvidenceClass::GatewayObserved,
+            route: Default::default(),
         };
         let settled = settle(&store, &key, &old, Settlement::DeadHolder, Some(&caller))
             .await

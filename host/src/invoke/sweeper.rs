@@ -82,5 +82,6 @@ fn unrecorded_holder(key: &ClaimKey) -> Holder {
         policies: Vec::new(),
         approval: ApprovalBasis::NotRequired,
         evidence: EvidenceClass::GatewayObserved,
+        route: Default::default(),
     }
 }

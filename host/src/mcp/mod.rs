@@ -208,7 +208,7 @@ async fn dispatch(
 ) -> (Result<Outcome, ObolError>, Option<ClaimIdentity>) {
     match method {
         "ping" => (Ok(Outcome::Value(json!({}))), None),
-        "tools/list" => (Ok(Outcome::Raw(gateway.list_tools(key))), None),
+        "tools/list" => (gateway.list_tools(key).await.map(Outcome::Raw), None),
         "tools/call" => {
             let request = CallRequest {
                 params,

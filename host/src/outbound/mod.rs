@@ -126,7 +126,9 @@ impl Prepared {
 
 /// Reads the credential and renders it as a sensitive header. Read per call, so rotating a
 /// file or variable takes effect without a restart; the value never enters an error.
-fn credential_header(secret: &SecretRef) -> Result<(HeaderName, HeaderValue), ObolError> {
+pub(crate) fn credential_header(
+    secret: &SecretRef,
+) -> Result<(HeaderName, HeaderValue), ObolError> {
     let raw = match &secret.source {
         SecretSource::Env(var) => std::env::var(var).ok(),
         SecretSource::File(path) => std::fs::read_to_string(path).ok(),
@@ -183,18 +185,30 @@ pub struct Outbound {
     max_response_bytes: usize,
 }
 
+/// The egress rules every outbound client shares.
+fn egress(config: &OutboundConfig) -> reqwest::ClientBuilder {
+    reqwest::Client::builder()
+        // A redirect could leave the connection's origin after the check above.
+        .redirect(reqwest::redirect::Policy::none())
+        .connect_timeout(config.connect_timeout)
+        .pool_idle_timeout(Duration::from_secs(30))
+        // The outbound hop must not pick up proxies from the environment: that would
+        // route vendor credentials through a host the operator did not name.
+        .no_proxy()
+}
+
+/// The client MCP upstreams are reached on: the same egress rules, with a deadline between
+/// reads rather than on the whole response, since an upstream's event stream stays open.
+/// Each call still has its deadline (the pool's); response sizes are capped by rmcp's limits.
+pub fn streaming_client(config: &OutboundConfig) -> anyhow::Result<reqwest::Client> {
+    Ok(egress(config)
+        .read_timeout(config.request_timeout)
+        .build()?)
+}
+
 impl Outbound {
     pub fn new(config: &OutboundConfig) -> anyhow::Result<Outbound> {
-        let client = reqwest::Client::builder()
-            // A redirect could leave the connection's origin after the check above.
-            .redirect(reqwest::redirect::Policy::none())
-            .connect_timeout(config.connect_timeout)
-            .timeout(config.request_timeout)
-            .pool_idle_timeout(Duration::from_secs(30))
-            // The outbound hop must not pick up proxies from the environment: that would
-            // route vendor credentials through a host the operator did not name.
-            .no_proxy()
-            .build()?;
+        let client = egress(config).timeout(config.request_timeout).build()?;
         Ok(Outbound {
             client,
             max_response_bytes: config.max_response_bytes,

@@ -359,10 +359,7 @@ fn entities(key: &VirtualKey, route: &Route) -> Result<(Entities, EntityUid, Ent
         HashSet::from([workspace.clone()]),
     )
     .map_err(|e| e.to_string())?;
-    let route_kind = match tool.effect.route {
-        crate::catalog::RouteKind::Native => "native",
-        crate::catalog::RouteKind::Federated => "federated",
-    };
+    let route_kind = tool.effect.route.label();
     let tool_entity = Entity::new(
         resource.clone(),
         HashMap::from([

@@ -88,7 +88,7 @@ fn catalog(connectors: &[Arc<Connector>], publication: &str, environment: Enviro
     config.workspaces[0]
         .publications
         .push(Arc::new(Publication::parse(1, publication).unwrap()));
-    Catalog::build(connectors.to_vec(), &config.workspaces)
+    Catalog::build(connectors.to_vec(), &config.workspaces, &Default::default())
 }
 
 fn key(case: &Case) -> VirtualKey {
@@ -163,7 +163,7 @@ fn listing_and_calling_agree_over_a_thousand_generated_cases() {
         let context = || format!("case {}\n{publication}key {case:?}", case.number);
 
         let listing: serde_json::Value =
-            serde_json::from_str(&listing_catalog.listing(&key)).unwrap();
+            serde_json::from_str(&listing_catalog.listing(&key).unwrap()).unwrap();
         let mut listed: Vec<String> = listing["tools"]
             .as_array()
             .unwrap()

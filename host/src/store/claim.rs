@@ -120,6 +120,9 @@ pub struct Holder {
     pub policies: Vec<String>,
     pub approval: ApprovalBasis,
     pub evidence: EvidenceClass,
+    /// What served the tool (records written before upstreams existed were all native).
+    #[serde(default)]
+    pub route: crate::catalog::RouteKind,
 }
 
 /// The approval a slot was held for. Kept after the hold ends: a slot once held is resent
@@ -408,6 +411,7 @@ mod tests {
             policies: Vec::new(),
             approval: ApprovalBasis::NotRequired,
             evidence: EvidenceClass::GatewayObserved,
+            route: Default::default(),
         }
     }
 

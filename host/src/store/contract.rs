@@ -27,6 +27,7 @@ fn holder() -> Holder {
         policies: Vec::new(),
         approval: ApprovalBasis::NotRequired,
         evidence: EvidenceClass::GatewayObserved,
+        route: Default::default(),
     }
 }
 
@@ -63,6 +64,7 @@ fn receipt(record: &ClaimRecord, claim: &ClaimKey) -> Receipt {
         outcome: OutcomeClass::Accepted,
         vendor_status: Some(200),
         evidence: EvidenceClass::GatewayObserved,
+        route: Default::default(),
         verification: Verification::Verified,
         note: None,
         policy_publication: None,

@@ -110,6 +110,9 @@ pub struct Receipt {
     pub attempt_count: u32,
     pub outcome: OutcomeClass,
     pub vendor_status: Option<u16>,
+    /// What served the tool: `native` or `federated` (a component), or `mcp` (an upstream).
+    #[serde(default)]
+    pub route: crate::catalog::RouteKind,
     pub evidence: EvidenceClass,
     pub verification: Verification,
     /// Why verification is not `verified`, when it is not.

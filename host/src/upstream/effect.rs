@@ -2,6 +2,8 @@
 //! what the host observed (never from the upstream's opinion of itself), and whether an
 //! upstream tool counts as destructive.
 
+pub use crate::config::{Annotations, Declared, ErrorResults};
+
 /// What one attempt showed the host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Observed {
@@ -25,16 +27,6 @@ pub enum Observed {
 pub enum ResultFlag {
     Success,
     Error,
-}
-
-/// What the operator says of a tool's `isError: true` results (`rejected_on_error`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum ErrorResults {
-    /// MCP puts partial failures there too: the call may have acted.
-    #[default]
-    MayHaveActed,
-    /// The operator knows this tool's errors are refusals before any effect.
-    AreRejections,
 }
 
 /// The class of an attempt, in the lifecycle's terms (ADR-0031).
@@ -79,22 +71,6 @@ pub fn classify(observed: Observed, errors: ErrorResults) -> Verdict {
 pub enum ReadOnlyHint {
     ReadOnly,
     NotSaid,
-}
-
-/// Whether the operator trusts this connection's annotations (`trusted_annotations`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Annotations {
-    #[default]
-    Untrusted,
-    Trusted,
-}
-
-/// What the operator declared of a tool in config, if anything.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Declared {
-    Destructive,
-    ReadOnly,
-    Nothing,
 }
 
 /// Destructive unless proven otherwise: the operator's declaration decides; failing one, only

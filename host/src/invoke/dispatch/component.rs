@@ -4,12 +4,17 @@
 use base64::Engine;
 use serde_json::{Value, json};
 
-use crate::catalog::{Route, StatusClass};
+use std::sync::Arc;
+
+use crate::catalog::{Connector, Route, ServedBy, StatusClass};
+use crate::config::ConnectionKind;
 use crate::error::ObolError;
 use crate::idempotency::IdempotencyKey;
 use crate::invoke::Services;
 use crate::outbound::{AttemptOutcome, Prepared, VendorReply};
 use crate::runtime::{GuestFailure, wit};
+
+use super::failpoint;
 
 /// A checked request with the host's parts added (credential, idempotency key).
 pub type Request = Prepared;
@@ -22,11 +27,16 @@ pub async fn prepare(
     arguments: &Value,
     idempotency_key: &IdempotencyKey,
 ) -> Result<(Request, String), ObolError> {
+    let connector = connector(route)?;
+    let ConnectionKind::Component {
+        base_url, settings, ..
+    } = &route.connection.kind
+    else {
+        return Err(ObolError::Internal);
+    };
     let facts = wit::ConnectionFacts {
-        base_url: route.connection.base_url.as_str().to_owned(),
-        settings: route
-            .connection
-            .settings
+        base_url: base_url.as_str().to_owned(),
+        settings: settings
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
@@ -34,8 +44,8 @@ pub async fn prepare(
     let template = services
         .runtime
         .prepare(
-            &route.connector.guest,
-            route.connector.manifest.name.as_str(),
+            &connector.guest,
+            connector.manifest.name.as_str(),
             route.name.upstream(),
             arguments.to_string(),
             facts,
@@ -50,7 +60,7 @@ pub async fn prepare(
         })?;
     let prepared = Prepared::new(
         template,
-        &route.connection.base_url,
+        base_url,
         &route.tool().effect.propagation,
         Some(idempotency_key.as_str()),
         route.connection.secret.as_ref(),
@@ -84,11 +94,12 @@ pub async fn render(
     class: StatusClass,
     reply: VendorReply,
 ) -> Result<Value, ObolError> {
+    let connector = connector(route)?;
     let output = services
         .runtime
         .interpret(
-            &route.connector.guest,
-            route.connector.manifest.name.as_str(),
+            &connector.guest,
+            connector.manifest.name.as_str(),
             route.name.upstream(),
             wit::VendorResponse {
                 status: reply.status,
@@ -113,15 +124,12 @@ pub async fn render(
     render_output(services, route, class, output)
 }
 
-/// Crash tests stop the gateway at a named point (`OBOL_FAILPOINTS`); only the `test-util`
-/// build has failpoints.
-async fn failpoint(name: &str) {
-    #[cfg(feature = "test-util")]
-    if crate::failpoint::active(name) {
-        tracing::warn!("failpoint {name}: hanging");
-        std::future::pending::<()>().await;
+/// The component a component route runs (the seam only sends such routes here).
+fn connector(route: &Route) -> Result<&Arc<Connector>, ObolError> {
+    match &route.served_by {
+        ServedBy::Component { connector, .. } => Ok(connector),
+        ServedBy::Upstream { .. } => Err(ObolError::Internal),
     }
-    let _ = name;
 }
 
 fn guest_failed(failure: GuestFailure) -> ObolError {
@@ -168,25 +176,5 @@ fn render_output(
             )
         })?),
     };
-    // The output schema describes a successful result; a rejected call's error body is not
-    // expected to match it. A violation reveals nothing of the response.
-    if class == StatusClass::Accepted
-        && let Some(schema) = &route.tool().effect.output_schema
-    {
-        let conforms = structured
-            .as_ref()
-            .is_some_and(|value| schema.is_valid(value));
-        if !conforms {
-            tracing::warn!(tool = %route.name, "structured output violates the tool's output schema");
-            return Err(ObolError::OutputSchemaViolation);
-        }
-    }
-    let mut result = json!({
-        "content": content,
-        "isError": class != StatusClass::Accepted,
-    });
-    if let Some(structured) = structured {
-        result["structuredContent"] = structured;
-    }
-    Ok(result)
+    super::tool_result(route, class, content, structured)
 }

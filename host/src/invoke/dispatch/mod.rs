@@ -6,11 +6,14 @@
 //! * `send` — once per reserved attempt: one request, whose outcome the host classifies.
 //! * `render` — once, after the host classified the outcome: the MCP result.
 //!
-//! Classification, retries, receipts and the final write live above the seam and are written
-//! once for every kind. Today's kind is a WebAssembly [`component`]; being *federated* (a
-//! broker in between) is a property of a route, not a kind.
+//! Retries, receipts and the final write live above the seam and are written once for every
+//! kind; each kind's attempt is classified by the host's rules for that kind (a component's by
+//! its declared status classes, an upstream's by ADR-0045's table) before anything renders.
+//! The kinds are a WebAssembly [`component`] and a remote MCP [`upstream`]; being *federated*
+//! (a broker in between) is a property of a component's route, not a kind.
 
 pub mod component;
+pub mod upstream;
 
 use std::sync::Arc;
 
@@ -18,7 +21,7 @@ use serde_json::Value;
 
 use super::authorize::Authorized;
 use super::{Answer, Services};
-use crate::catalog::{Route, StatusClass};
+use crate::catalog::{Route, ServedBy, StatusClass};
 use crate::error::ObolError;
 use crate::idempotency::RequestHash;
 use crate::outbound::{AttemptOutcome, VendorReply};
@@ -28,6 +31,42 @@ use crate::store::{ClaimKey, ConnectionSegment, Pin};
 #[derive(Debug, Clone)]
 pub enum Request {
     Component(component::Request),
+    Upstream(upstream::Request),
+}
+
+/// One attempt, classified by the host.
+#[derive(Debug)]
+pub enum Outcome {
+    /// Provably nothing reached the vendor or upstream.
+    NotSent,
+    /// The request may have arrived; no answer was read.
+    SentNoReply,
+    /// The answer was larger than the cap.
+    TooLarge {
+        class: StatusClass,
+    },
+    Replied {
+        reply: Reply,
+        class: StatusClass,
+    },
+}
+
+/// What came back, for the kind that renders it.
+#[derive(Debug)]
+pub enum Reply {
+    Vendor(VendorReply),
+    Upstream(crate::upstream::session::Answer),
+}
+
+impl Reply {
+    /// The HTTP status the receipt records, when there was one.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            Reply::Vendor(reply) => Some(reply.status),
+            Reply::Upstream(crate::upstream::session::Answer::Status(status)) => Some(*status),
+            Reply::Upstream(_) => None,
+        }
+    }
 }
 
 /// A call that is authorized and prepared: everything its claim pins and its attempts send.
@@ -74,19 +113,26 @@ async fn plan(
     let route = &routed.route;
     let arguments = Value::Object(routed.parsed.arguments.clone());
     let key = &routed.parsed.idempotency_key;
-    let (request, facts) = component::prepare(services, route, &arguments, key).await?;
+    let (request, destination) = match &route.served_by {
+        ServedBy::Component { connector, .. } => {
+            let (request, facts) = component::prepare(services, route, &arguments, key).await?;
+            let destination = format!(
+                "{}@{} {}",
+                connector.manifest.name, connector.manifest.version, facts
+            );
+            (Request::Component(request), destination)
+        }
+        ServedBy::Upstream { id, .. } => {
+            let (request, facts) = upstream::prepare(route, id, &routed.parsed.arguments)?;
+            (Request::Upstream(request), facts)
+        }
+    };
     let pin = Pin::new(
         RequestHash::of_arguments(&arguments),
         route.tool().effect.propagation.pinned(),
         // The connection is part of the destination: an approval or a claim for one vendor
         // account can never be spent on another, even with the same origin.
-        format!(
-            "{} {}@{} {}",
-            route.connection.id,
-            route.connector.manifest.name,
-            route.connector.manifest.version,
-            facts
-        ),
+        format!("{} {destination}", route.connection.id),
     );
     // An approval for one destination or one set of arguments cannot be spent on another.
     if let Some(grant) = &routed.parsed.grant
@@ -100,22 +146,79 @@ async fn plan(
         tool: route.name.as_str().to_owned(),
         key: key.clone(),
     };
-    Ok((Request::Component(request), pin, claim_key))
+    Ok((request, pin, claim_key))
 }
 
-/// Sends one attempt.
-pub async fn send(services: &Services, request: &Request) -> AttemptOutcome {
-    match request {
-        Request::Component(request) => component::send(services, request).await,
+/// Sends one attempt and classifies what the host saw.
+pub async fn send(services: &Services, planned: &Planned) -> Outcome {
+    match &planned.request {
+        Request::Component(request) => {
+            let statuses = &planned.route().tool().effect.statuses;
+            match component::send(services, request).await {
+                AttemptOutcome::NotSent => Outcome::NotSent,
+                AttemptOutcome::SentNoReply => Outcome::SentNoReply,
+                AttemptOutcome::TooLarge { status } => Outcome::TooLarge {
+                    class: statuses.classify(status),
+                },
+                AttemptOutcome::Responded(reply) => Outcome::Replied {
+                    class: statuses.classify(reply.status),
+                    reply: Reply::Vendor(reply),
+                },
+            }
+        }
+        Request::Upstream(request) => upstream::send(services, request).await,
     }
 }
 
-/// Renders the vendor's reply as the MCP result, after the host classified its status.
+/// Renders the reply as the MCP result, after the host classified it.
 pub async fn render(
     services: &Services,
     route: &Route,
     class: StatusClass,
-    reply: VendorReply,
+    reply: Reply,
 ) -> Result<Value, ObolError> {
-    component::render(services, route, class, reply).await
+    match reply {
+        Reply::Vendor(reply) => component::render(services, route, class, reply).await,
+        Reply::Upstream(answer) => upstream::render(services, route, class, answer),
+    }
+}
+
+/// The `CallToolResult` of a classified call: `isError` is the host's (anything but accepted),
+/// and accepted structured output must match the tool's output schema. The schema describes a
+/// successful result (an error's body is not expected to match), and a violation reveals
+/// nothing of the response.
+fn tool_result(
+    route: &Route,
+    class: StatusClass,
+    content: Vec<Value>,
+    structured: Option<Value>,
+) -> Result<Value, ObolError> {
+    if class == StatusClass::Accepted
+        && let Some(schema) = &route.tool().effect.output_schema
+        && !structured
+            .as_ref()
+            .is_some_and(|value| schema.is_valid(value))
+    {
+        tracing::warn!(tool = %route.name, "structured output violates the tool's output schema");
+        return Err(ObolError::OutputSchemaViolation);
+    }
+    let mut result = serde_json::json!({
+        "content": content,
+        "isError": class != StatusClass::Accepted,
+    });
+    if let Some(structured) = structured {
+        result["structuredContent"] = structured;
+    }
+    Ok(result)
+}
+
+/// Crash tests stop the gateway at a named point (`OBOL_FAILPOINTS`); only the `test-util`
+/// build has failpoints.
+async fn failpoint(name: &str) {
+    #[cfg(feature = "test-util")]
+    if crate::failpoint::active(name) {
+        tracing::warn!("failpoint {name}: hanging");
+        std::future::pending::<()>().await;
+    }
+    let _ = name;
 }
