@@ -504,3 +504,51 @@ async fn in_prod_an_unannotated_upstream_tool_is_hidden_from_globs_and_held_for_
     assert_eq!(meta(&again)["replayed"], json!(true));
     assert_eq!(upstream.calls_to("write"), 1, "resumed once");
 }
+
+/// `obol upstreams` shows, before any call, what the gateway derived for each upstream tool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn obol_upstreams_shows_the_derived_effect_spec_of_each_tool() {
+    let upstream = MockUpstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("obol.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\nenvironment = \"prod\"\n[[workspaces]]\nid = \"acme\"\n{}\n[[workspaces.connections]]\nid = \"gone\"\nkind = \"mcp\"\nurl = \"http://127.0.0.1:9/mcp\"\nprefix = \"gone\"\n",
+            mcp_connection(
+                &upstream.url(),
+                "[workspaces.connections.tools.\"fails\"]\nrejected_on_error = true\n[workspaces.connections.tools.\"echo\"]\ndestructive = false"
+            )
+        ),
+    )
+    .unwrap();
+    let (code, stdout, stderr) = tokio::task::spawn_blocking(move || {
+        crate::support::gateway::run_obol(&["upstreams", "--config", config.to_str().unwrap()])
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, 1, "one upstream is down: {stdout}\n{stderr}");
+    assert!(
+        stdout.contains("acme/up-main (prefix up, prod): protocol 2025-06-18"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("acme/gone (prefix gone, prod): DOWN"),
+        "{stdout}"
+    );
+    let line = |tool: &str| {
+        stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("{tool} ")))
+            .unwrap_or_else(|| panic!("{tool} missing: {stdout}"))
+            .to_owned()
+    };
+    assert!(line("up.write").contains("destructive: held for approval, hidden from glob keys"));
+    assert!(line("up.echo").contains("read-only"));
+    assert!(line("up.echo").contains("output_schema=true"));
+    assert!(line("up.fails").contains("is_error=rejected"));
+    assert!(line("up.write").contains("propagation=unsupported"));
+    for shown in [&stdout, &stderr] {
+        assert!(!shown.contains(URL_SECRET), "{shown}");
+    }
+}

@@ -6,7 +6,9 @@
 //! own cost per call (claim + reserve, then finalize + receipt + audit) with its fsyncs or
 //! round trips; the guest's own cost (instantiate + prepare + interpret); `tools/list`
 //! rendering for a key over 1,000 tools; and resident memory with 50 compiled connectors
-//! loaded. Client, gateway, Redis and mock vendor share the machine's cores.
+//! loaded; and an MCP upstream's tool called directly from rmcp's client and through Obol, with
+//! the native path beside it, plus a `tools/list` fanned out over 20 cached upstreams. Client,
+//! gateway, Redis, mock vendor and mock upstream share the machine's cores.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -53,6 +55,9 @@ fn main() {
     }
     if wanted("e2e") {
         runtime.block_on(end_to_end(&redis));
+    }
+    if wanted("upstream") {
+        runtime.block_on(upstream_pass_through());
     }
 }
 
@@ -558,14 +563,7 @@ async fn guest_alone() {
 }
 
 async fn end_to_end(redis: &Redis) {
-    // The mock vendor.
-    let vendor = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let vendor_address = vendor.local_addr().unwrap();
-    let app = Router::new().route(
-        "/v1/charges",
-        get(|| async { ([("content-type", "application/json")], CHARGES) }),
-    );
-    tokio::spawn(async move { axum::serve(vendor, app).await.unwrap() });
+    let vendor_address = mock_vendor().await;
 
     // The gateway, in this process: one on the embedded store, one on Redis.
     let dir = tempfile::tempdir().unwrap();
@@ -831,4 +829,205 @@ fn percentiles(samples: &mut [Duration]) -> (Duration, Duration) {
 
 fn us(d: Duration) -> String {
     format!("{:.0} us", d.as_secs_f64() * 1e6)
+}
+
+/// The mock vendor: `GET /v1/charges` answers a fixed list.
+async fn mock_vendor() -> std::net::SocketAddr {
+    let vendor = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = vendor.local_addr().unwrap();
+    let app = Router::new().route(
+        "/v1/charges",
+        get(|| async { ([("content-type", "application/json")], CHARGES) }),
+    );
+    tokio::spawn(async move { axum::serve(vendor, app).await.unwrap() });
+    address
+}
+
+/// A minimal Streamable HTTP MCP server (JSON answers, no event stream) with `tools` tools, so
+/// that the upstream costs as little as the mock vendor does.
+async fn mock_upstream(tools: usize) -> std::net::SocketAddr {
+    use axum::http::{HeaderMap, StatusCode};
+    use axum::response::IntoResponse;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let listing: Vec<serde_json::Value> = (0..tools)
+        .map(|i| json!({"name": format!("tool_{i}"), "description": "A benchmark tool.", "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": true}}))
+        .collect();
+    let listing = Arc::new(json!({ "tools": listing }));
+    let app = Router::new().fallback(move |headers: HeaderMap, body: axum::body::Bytes| {
+        let listing = Arc::clone(&listing);
+        async move {
+            let Ok(request) = serde_json::from_slice::<serde_json::Value>(&body) else {
+                return StatusCode::METHOD_NOT_ALLOWED.into_response();
+            };
+            let Some(id) = request.get("id").cloned() else {
+                return StatusCode::ACCEPTED.into_response();
+            };
+            let result = match request["method"].as_str() {
+                Some("initialize") => json!({"protocolVersion": "2025-11-25", "capabilities": {"tools": {}}, "serverInfo": {"name": "bench-upstream", "version": "1"}}),
+                Some("tools/list") => (*listing).clone(),
+                Some("tools/call") => json!({"content": [{"type": "text", "text": CHARGES}], "isError": false}),
+                _ => json!({}),
+            };
+            let mut response = (
+                [("content-type", "application/json")],
+                json!({"jsonrpc": "2.0", "id": id, "result": result}).to_string(),
+            )
+                .into_response();
+            if !headers.contains_key("mcp-session-id") {
+                response
+                    .headers_mut()
+                    .insert("mcp-session-id", "bench-session".parse().unwrap());
+            }
+            response
+        }
+    });
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    address
+}
+
+/// rmcp's client with a bearer key (Obol's) or none (the upstream's).
+async fn rmcp_client(
+    url: &str,
+    token: Option<&str>,
+) -> rmcp::service::RunningService<rmcp::RoleClient, rmcp::model::ClientConfig> {
+    use rmcp::ServiceExt;
+    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+    let mut config = StreamableHttpClientTransportConfig::with_uri(url.to_owned());
+    if let Some(token) = token {
+        config = config.auth_header(token);
+    }
+    let transport = StreamableHttpClientTransport::from_config(config);
+    rmcp::model::ClientConfig::new(
+        rmcp::model::ClientCapabilities::default(),
+        rmcp::model::Implementation::new("bench", "0"),
+    )
+    .with_protocol_version(rmcp::model::ProtocolVersion::V_2025_11_25)
+    .serve(transport)
+    .await
+    .unwrap()
+}
+
+async fn upstream_pass_through() {
+    let upstream = mock_upstream(5).await;
+    // The native path's direct call, for the side-by-side.
+    let vendor_address = mock_vendor().await;
+    let mut fan_out = String::new();
+    for i in 0..20 {
+        let address = mock_upstream(5).await;
+        fan_out.push_str(&format!(
+            "[[workspaces.connections]]\nid = \"u{i}\"\nkind = \"mcp\"\nurl = \"http://{address}/mcp\"\nprefix = \"u{i}\"\n"
+        ));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut urls = Vec::new();
+    for (workspace, connections) in [
+        (
+            "bench",
+            format!(
+                "[[workspaces.connections]]\nid = \"up\"\nkind = \"mcp\"\nurl = \"http://{upstream}/mcp\"\nprefix = \"up\"\n[[workspaces.connections]]\nid = \"stripe\"\nconnector = \"stripe\"\nbase_url = \"http://{vendor_address}\"\n"
+            ),
+        ),
+        ("fanout", fan_out),
+    ] {
+        let toml = format!(
+            "[runtime]\nmax_concurrent_calls = 64\n[connectors]\ncomponents = [\"bundled:stripe\"]\n[[workspaces]]\nid = \"{workspace}\"\n{connections}\n[[keys]]\nname = \"bench\"\nhash = \"{}\"\nworkspace = \"{workspace}\"\nenvironment = \"dev\"\nallowed_tools = [\"*\"]\n[store]\npath = {:?}\n",
+            KeyHash::of_token(TOKEN),
+            dir.path().join(format!("{workspace}.redb"))
+        );
+        let config = Config::parse(&toml, std::path::Path::new(".")).unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        urls.push(format!("http://{}/mcp", listener.local_addr().unwrap()));
+        tokio::spawn(async move { obol::server::serve(config, listener).await.unwrap() });
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    let direct = Arc::new(rmcp_client(&format!("http://{upstream}/mcp"), None).await);
+    let through = Arc::new(rmcp_client(&urls[0], Some(TOKEN)).await);
+    let call = |client: Arc<
+        rmcp::service::RunningService<rmcp::RoleClient, rmcp::model::ClientConfig>,
+    >,
+                name: &'static str| {
+        move || {
+            let client = Arc::clone(&client);
+            async move {
+                let params = rmcp::model::CallToolRequestParams::new(name);
+                let result = client.peer().call_tool(params).await.unwrap();
+                assert_eq!(result.is_error, Some(false));
+            }
+        }
+    };
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(64)
+        .build()
+        .unwrap();
+    let native_direct = {
+        let http = http.clone();
+        let url = format!("http://{vendor_address}/v1/charges?limit=2");
+        move || {
+            let (http, url) = (http.clone(), url.clone());
+            async move {
+                http.get(&url).send().await.unwrap().bytes().await.unwrap();
+            }
+        }
+    };
+    println!(
+        "\nMCP upstream: tools/call of an upstream tool from rmcp's client, directly vs through Obol"
+    );
+    println!(
+        "  (durable embedded store; the native path's figures beside it, same machine, same run)"
+    );
+    println!("  {:<30} {:>10} {:>10} {:>12}", "", "p50", "p99", "calls/s");
+    for concurrency in [1usize, 32] {
+        let d = load(concurrency, call(Arc::clone(&direct), "tool_0")).await;
+        let o = load(concurrency, call(Arc::clone(&through), "up.tool_0")).await;
+        let nd = load(concurrency, native_direct.clone()).await;
+        let no = load(
+            concurrency,
+            call(Arc::clone(&through), "stripe.charges.list"),
+        )
+        .await;
+        print_row(&format!("upstream, direct     c={concurrency}"), &d);
+        print_row(&format!("upstream, via Obol   c={concurrency}"), &o);
+        print_row(&format!("native, direct GET   c={concurrency}"), &nd);
+        print_row(&format!("native, via Obol     c={concurrency}"), &no);
+        println!(
+            "  -> Obol adds to p50 / keeps of the direct rate: upstream {} / {:.0} %, native {} / {:.0} %",
+            us(o.p50.saturating_sub(d.p50)),
+            100.0 * o.rate / d.rate,
+            us(no.p50.saturating_sub(nd.p50)),
+            100.0 * no.rate / nd.rate,
+        );
+    }
+
+    // tools/list over 20 upstreams, each listed once and then served from the 45 s cache.
+    let session = initialize(&http, &urls[1]).await;
+    let list = {
+        let (http, url) = (http.clone(), urls[1].clone());
+        move || {
+            let (http, url, session) = (http.clone(), url.clone(), session.clone());
+            async move {
+                let text = http
+                    .post(&url)
+                    .header("authorization", format!("Bearer {TOKEN}"))
+                    .header("mcp-session-id", &session)
+                    .header("accept", "application/json, text/event-stream")
+                    .header("content-type", "application/json")
+                    .body(r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#)
+                    .send()
+                    .await
+                    .unwrap()
+                    .text()
+                    .await
+                    .unwrap();
+                assert!(text.contains("u19.tool_4"), "{text}");
+            }
+        }
+    };
+    let l = load(1, list).await;
+    print_row("tools/list, 20 upstreams c=1", &l);
+    println!(
+        "\ntargets: upstream overhead <= native overhead; >= 50 % of the direct rate at c=32; fan-out tools/list <= 1 ms p50"
+    );
 }

@@ -40,6 +40,13 @@ enum Command {
         /// The component (.wasm) to check.
         component: PathBuf,
     },
+    /// Connect to every MCP upstream of a config and show each tool with the EffectSpec Obol
+    /// derives for it: what will be held, hidden or retried, before any call.
+    Upstreams {
+        /// The configuration file.
+        #[arg(long, default_value = "examples/obol.toml")]
+        config: PathBuf,
+    },
     /// Read receipts from a running gateway, as the workspace owner.
     Receipts {
         /// The gateway's base URL.
@@ -238,6 +245,73 @@ fn main() -> ExitCode {
     }
 }
 
+/// `obol upstreams`: lists each upstream as the gateway would at start, and prints what it
+/// derived. Exits 1 when an upstream could not be listed (the reason is on stderr).
+async fn show_upstreams(config: &Config) -> anyhow::Result<ExitCode> {
+    use obol::upstream::{Target, UpstreamId, Upstreams};
+    let (upstreams, _signals) = Upstreams::new(&config.outbound)?;
+    let mut all_listed = true;
+    for workspace in &config.workspaces {
+        for connection in &workspace.connections {
+            let id = UpstreamId {
+                workspace: workspace.id.clone(),
+                connection: connection.id.clone(),
+            };
+            let Some(target) = Target::of(&id, connection) else {
+                continue;
+            };
+            upstreams.refresh(target).await;
+            let version = upstreams.protocol_version(&id).await;
+            let listed = upstreams.snapshot().remove(&id).unwrap_or_default();
+            println!(
+                "{}/{} (prefix {}, {}): {}",
+                workspace.id,
+                connection.id,
+                target.upstream.prefix,
+                connection.environment.as_str(),
+                match (&listed.tools, &version) {
+                    (Some(_), Some(version)) if !listed.down => format!("protocol {version}"),
+                    _ => "DOWN: not listed (see the log line above)".to_owned(),
+                }
+            );
+            if listed.down {
+                all_listed = false;
+                continue;
+            }
+            for tool in listed.tools.iter().flat_map(|tools| tools.iter()) {
+                let effect = &tool.effect;
+                let errors = match target.upstream.tools.get(&tool.upstream_name) {
+                    Some(declared)
+                        if declared.error_results == obol::config::ErrorResults::AreRejections =>
+                    {
+                        "rejected"
+                    }
+                    _ => "may_have_acted",
+                };
+                let safety = match (effect.destructive, connection.environment) {
+                    (true, obol::policy::Environment::Prod) => {
+                        "destructive: held for approval, hidden from glob keys"
+                    }
+                    (true, _) => "destructive (held in prod)",
+                    (false, _) => "read-only",
+                };
+                println!(
+                    "  {}.{}  {safety}; route=mcp propagation={} (never resent after a send) is_error={errors} output_schema={}",
+                    target.upstream.prefix,
+                    tool.upstream_name,
+                    effect.propagation.label(),
+                    effect.output_schema.is_some()
+                );
+            }
+        }
+    }
+    Ok(if all_listed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
 fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Serve { config, listen } => {
@@ -291,6 +365,13 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
                     Ok(ExitCode::from(2))
                 }
             }
+        }
+        Command::Upstreams { config } => {
+            let config = Config::load(&config)?;
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            runtime.block_on(show_upstreams(&config))
         }
         Command::Receipts {
             url,
