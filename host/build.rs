@@ -15,6 +15,8 @@ const GUESTS: &[(&str, &str, &str)] = &[
     ("obol-connector-payments", "", "PAYMENTS"),
     ("obol-connector-tracker", "", "TRACKER"),
     ("obol-connector-hostile", "", "HOSTILE"),
+    ("obol-connector-nango", "", "NANGO"),
+    ("obol-connector-composio", "", "COMPOSIO"),
     (
         "obol-connector-hostile",
         "misfit-dotted-name",

@@ -9,6 +9,8 @@
 //! - `admin`: keys and publications managed on a running gateway (`obol keys`, `obol policies`).
 //! - `approvals`: held destructive calls, the owner's inbox (in headless Chromium), tokens.
 //! - `lifecycle`: attempt accounting over every path, hang-ups, unrecorded outcomes, key echo.
+//! - `brokers`: federated connectors (Nango- and Composio-shaped) through a mock broker; the
+//!   host's retry-off directive, evidence classes; contract 0.1.0 components.
 //! - `upstreams`: remote MCP servers (`kind = "mcp"`): a misbehaving mock and the official
 //!   reference server, through the same lifecycle.
 
@@ -16,6 +18,7 @@ mod support;
 
 mod admin;
 mod approvals;
+mod brokers;
 mod hostile;
 mod idempotency;
 mod lifecycle;

@@ -289,6 +289,7 @@ async fn store_alone(redis: &Redis) {
                 vendor_status: Some(200),
                 evidence: EvidenceClass::GatewayObserved,
                 route: Default::default(),
+                broker_record_id: None,
                 verification: Verification::Verified,
                 note: None,
                 policy_publication: None,

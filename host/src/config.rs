@@ -190,6 +190,9 @@ pub enum ConnectionKind {
         connector: String,
         base_url: BaseUrl,
         settings: BTreeMap<String, String>,
+        /// The catalog broker this connection goes through (`broker`, `retry_off`): required
+        /// for the component's federated tools, which run only through their own broker.
+        broker: Option<Box<crate::broker::Profile>>,
     },
     /// A remote Streamable HTTP MCP server (`kind = "mcp"`).
     Mcp(Arc<McpUpstream>),
@@ -605,6 +608,18 @@ struct ConnectionFile {
     protocol_version: Option<String>,
     #[serde(default)]
     tools: BTreeMap<String, UpstreamToolFile>,
+    // Component connections to a catalog broker.
+    broker: Option<String>,
+    retry_off: Option<RetryOffFile>,
+}
+
+/// An explicit retry-off directive: a header, or a field of the JSON body (`value` is JSON).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RetryOffFile {
+    header: Option<String>,
+    body_field: Option<String>,
+    value: String,
 }
 
 #[derive(Deserialize)]
@@ -619,6 +634,55 @@ struct UpstreamToolFile {
 const RESERVED_PREFIXES: [&str; 4] = ["obol", "mcp", "search_tools", "call_tool"];
 
 impl ConnectionFile {
+    /// The broker profile: the built-in one of `broker`, with `retry_off` replacing its
+    /// directive when given.
+    fn broker_profile(&self) -> Result<Option<Box<crate::broker::Profile>>, String> {
+        use crate::broker::{Profile, RetryOff};
+        use crate::catalog::Broker;
+        let id = &self.id;
+        let broker = match (self.broker.as_deref(), &self.retry_off) {
+            (None, None) => return Ok(None),
+            (None, Some(_)) => {
+                return Err(format!(
+                    "connection {id:?}: retry_off needs the broker it applies to (broker = \"nango\" or \"composio\")"
+                ));
+            }
+            (Some("nango"), _) => Broker::Nango,
+            (Some("composio"), _) => Broker::Composio,
+            (Some(other), _) => {
+                return Err(format!(
+                    "connection {id:?}: broker {other:?} is not one of \"nango\" or \"composio\""
+                ));
+            }
+        };
+        let mut profile = Profile::builtin(broker);
+        if let Some(directive) = &self.retry_off {
+            profile.retry_off = match (&directive.header, &directive.body_field) {
+                (Some(name), None) => RetryOff::Header {
+                    name: axum::http::HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+                        format!("connection {id:?}: retry_off header {name:?} is not a header name")
+                    })?,
+                    value: axum::http::HeaderValue::from_str(&directive.value).map_err(|_| {
+                        format!("connection {id:?}: retry_off value is not a header value")
+                    })?,
+                },
+                (None, Some(pointer)) => RetryOff::BodyField {
+                    pointer: crate::catalog::JsonPointer::parse(pointer)
+                        .map_err(|e| format!("connection {id:?}: retry_off {e}"))?,
+                    value: serde_json::from_str(&directive.value).map_err(|e| {
+                        format!("connection {id:?}: retry_off value is not JSON ({e})")
+                    })?,
+                },
+                _ => {
+                    return Err(format!(
+                        "connection {id:?}: retry_off names exactly one of `header` or `body_field`"
+                    ));
+                }
+            };
+        }
+        Ok(Some(Box::new(profile)))
+    }
+
     /// Parses what serves the connection; `id` is already checked.
     fn kind(&mut self) -> Result<ConnectionKind, String> {
         let id = &self.id;
@@ -638,17 +702,23 @@ impl ConnectionFile {
                 })?;
                 let base_url = BaseUrl::parse(base_url)
                     .map_err(|e| format!("connection {id:?}: base_url {e}"))?;
+                let broker = self.broker_profile()?;
                 Ok(ConnectionKind::Component {
                     connector,
                     base_url,
                     settings: std::mem::take(&mut self.settings),
+                    broker,
                 })
             }
             Some("mcp") => {
-                if self.connector.is_some() || self.base_url.is_some() || !self.settings.is_empty()
+                if self.connector.is_some()
+                    || self.base_url.is_some()
+                    || !self.settings.is_empty()
+                    || self.broker.is_some()
+                    || self.retry_off.is_some()
                 {
                     return Err(format!(
-                        "connection {id:?}: connector, base_url and settings belong to component connections; an mcp connection names url and prefix"
+                        "connection {id:?}: connector, base_url, settings and broker belong to component connections; an mcp connection names url and prefix"
                     ));
                 }
                 let url = self

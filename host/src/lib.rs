@@ -10,6 +10,7 @@
 //! - [`invoke`]: the invocation lifecycle: one short driver of typed phases, a file per phase.
 //! - [`runtime`]: the wasmtime sandbox a connector's `prepare` and `interpret` run in.
 //! - [`outbound`]: the one place a request leaves the gateway for a vendor.
+//! - [`broker`]: what the host knows of each catalog broker (retries off, its record id).
 //! - [`upstream`]: remote MCP servers: the rmcp session pool, tools cache, health, and
 //!   ADR-0045's outcome rules.
 //! - [`store`]: claims, attempt reservations, receipts and audit, embedded or on Redis.
@@ -23,6 +24,7 @@
 
 pub mod admin;
 pub mod approvals;
+pub mod broker;
 pub mod catalog;
 pub mod clock;
 pub mod config;

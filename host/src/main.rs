@@ -343,19 +343,26 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
                 Ok(connector) => {
                     let m = &connector.manifest;
                     println!(
-                        "{} {} (sha256 {})",
-                        m.name, m.version, connector.guest.digest
+                        "{} {} (sha256 {}, {})",
+                        m.name,
+                        m.version,
+                        connector.guest.digest,
+                        connector.guest.contract.label()
                     );
                     for tool in &m.tools {
                         let e = &tool.effect;
+                        let route = match e.broker {
+                            Some(broker) => format!("federated({})", broker.label()),
+                            None => e.route.label().to_owned(),
+                        };
                         println!(
-                            "  {}.{}  route={:?} destructive={} propagation={} output_schema={}",
+                            "  {}.{}  route={route} destructive={} propagation={} output_schema={} body_rules={}",
                             m.name,
                             tool.upstream_name,
-                            e.route,
                             e.destructive,
                             e.propagation.label(),
-                            e.output_schema.is_some()
+                            e.output_schema.is_some(),
+                            e.body_rules.len()
                         );
                     }
                     Ok(ExitCode::SUCCESS)

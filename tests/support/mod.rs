@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod broker;
 pub mod browser;
 pub mod client;
 pub mod everything;
@@ -26,6 +27,8 @@ pub mod guests {
     pub const PAYMENTS: &str = env!("OBOL_GUEST_PAYMENTS");
     pub const TRACKER: &str = env!("OBOL_GUEST_TRACKER");
     pub const HOSTILE: &str = env!("OBOL_GUEST_HOSTILE");
+    pub const NANGO: &str = env!("OBOL_GUEST_NANGO");
+    pub const COMPOSIO: &str = env!("OBOL_GUEST_COMPOSIO");
     pub const MISFITS: [(&str, &str); 7] = [
         ("dotted-name", env!("OBOL_GUEST_MISFIT_DOTTED_NAME")),
         ("empty-name", env!("OBOL_GUEST_MISFIT_EMPTY_NAME")),

@@ -59,6 +59,12 @@ pub enum ManifestError {
         "tool {0:?} is federated: its propagation must be none (a broker, not the gateway, builds the vendor request)"
     )]
     FederatedPropagation(String),
+    #[error("tool {tool:?}: body rule {index}: {reason}")]
+    InvalidBodyRule {
+        tool: String,
+        index: usize,
+        reason: String,
+    },
 }
 
 /// A connector prefix: non-empty, no dot, lowercase identifier characters.
@@ -115,6 +121,71 @@ impl RouteKind {
             RouteKind::Mcp => "mcp",
         }
     }
+}
+
+/// The catalog broker a federated tool runs through. How its retries are turned off and where
+/// its record of a call is read belong to the host (`config::BrokerProfile`), never the guest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Broker {
+    Nango,
+    Composio,
+}
+
+impl Broker {
+    pub fn label(self) -> &'static str {
+        match self {
+            Broker::Nango => "nango",
+            Broker::Composio => "composio",
+        }
+    }
+}
+
+/// Reclassifies an answer the status calls accepted, by a field of its JSON body.
+#[derive(Debug, Clone)]
+pub struct BodyRule {
+    /// An RFC 6901 pointer into the body.
+    pub pointer: String,
+    pub equals: Value,
+    pub class: StatusClass,
+}
+
+impl BodyRule {
+    fn new(tool: &str, index: usize, raw: &wit::BodyRule) -> Result<BodyRule, ManifestError> {
+        let invalid = |reason: String| ManifestError::InvalidBodyRule {
+            tool: tool.to_owned(),
+            index,
+            reason,
+        };
+        let pointer = JsonPointer::parse(&raw.pointer).map_err(invalid)?;
+        let equals = serde_json::from_str(&raw.equals)
+            .map_err(|e| invalid(format!("equals is not JSON: {e}")))?;
+        Ok(BodyRule {
+            pointer: pointer.as_str().to_owned(),
+            equals,
+            class: match raw.class {
+                wit::OutcomeClass::Accepted => StatusClass::Accepted,
+                wit::OutcomeClass::DefinitelyRejected => StatusClass::DefinitelyRejected,
+                wit::OutcomeClass::Retryable => StatusClass::Retryable,
+                wit::OutcomeClass::Unknown => StatusClass::Unknown,
+            },
+        })
+    }
+}
+
+/// Applies the body rules to an answer whose status is accepted: the first rule whose field
+/// holds exactly its value decides. Declarative: the guest is not asked.
+pub fn classify_body(rules: &[BodyRule], class: StatusClass, body: &[u8]) -> StatusClass {
+    if class != StatusClass::Accepted || rules.is_empty() {
+        return class;
+    }
+    let Ok(json) = serde_json::from_slice::<Value>(body) else {
+        return class;
+    };
+    rules
+        .iter()
+        .find(|rule| json.pointer(&rule.pointer) == Some(&rule.equals))
+        .map_or(class, |rule| rule.class)
 }
 
 /// How a vendor status is classified. Anything no class claims is `Unknown`.
@@ -210,7 +281,7 @@ impl StatusClasses {
 pub struct JsonPointer(String);
 
 impl JsonPointer {
-    fn parse(text: &str) -> Result<JsonPointer, String> {
+    pub fn parse(text: &str) -> Result<JsonPointer, String> {
         if !text.starts_with('/') || text.len() < 2 {
             return Err(format!(
                 "body field {text:?} is not a JSON Pointer like \"/idempotency_key\""
@@ -435,10 +506,14 @@ fn bounded(name: &str) -> String {
 #[derive(Debug)]
 pub struct EffectSpec {
     pub route: RouteKind,
+    /// The broker of a federated route (`None` on every other route).
+    pub broker: Option<Broker>,
     pub destructive: bool,
     pub statuses: StatusClasses,
     pub propagation: Propagation,
     pub output_schema: Option<Schema>,
+    /// Checked, in order, on answers whose status is accepted.
+    pub body_rules: Vec<BodyRule>,
 }
 
 #[derive(Debug)]
@@ -479,15 +554,30 @@ impl Manifest {
                 .as_deref()
                 .map(|text| Schema::compile(&tool.name, "output_schema", text))
                 .transpose()?;
+            let (route, broker) = match tool.effect.route {
+                wit::RouteKind::Native => (RouteKind::Native, None),
+                wit::RouteKind::Federated(wit::BrokerKind::Nango) => {
+                    (RouteKind::Federated, Some(Broker::Nango))
+                }
+                wit::RouteKind::Federated(wit::BrokerKind::Composio) => {
+                    (RouteKind::Federated, Some(Broker::Composio))
+                }
+            };
+            let body_rules = tool
+                .effect
+                .body_rules
+                .iter()
+                .enumerate()
+                .map(|(index, rule)| BodyRule::new(&tool.name, index, rule))
+                .collect::<Result<Vec<_>, _>>()?;
             let effect = EffectSpec {
-                route: match tool.effect.route {
-                    wit::RouteKind::Native => RouteKind::Native,
-                    wit::RouteKind::Federated => RouteKind::Federated,
-                },
+                route,
+                broker,
                 destructive: tool.effect.destructive,
                 statuses: StatusClasses::new(&tool.name, &tool.effect)?,
                 propagation: Propagation::new(&tool.name, &tool.effect.propagation)?,
                 output_schema,
+                body_rules,
             };
             if effect.route == RouteKind::Federated && effect.propagation != Propagation::None {
                 return Err(ManifestError::FederatedPropagation(tool.name));
@@ -529,6 +619,7 @@ mod tests {
             }],
             propagation: wit::Propagation::Header("Idempotency-Key".into()),
             output_schema: None,
+            body_rules: Vec::new(),
         }
     }
 
@@ -626,7 +717,7 @@ mod tests {
             wit::Propagation::Unsupported,
         ] {
             let mut federated = tool("t");
-            federated.effect.route = wit::RouteKind::Federated;
+            federated.effect.route = wit::RouteKind::Federated(wit::BrokerKind::Nango);
             federated.effect.propagation = propagation;
             assert_eq!(
                 Manifest::validate(manifest("x", vec![federated])).unwrap_err(),
@@ -634,7 +725,7 @@ mod tests {
             );
         }
         let mut federated = tool("t");
-        federated.effect.route = wit::RouteKind::Federated;
+        federated.effect.route = wit::RouteKind::Federated(wit::BrokerKind::Nango);
         federated.effect.propagation = wit::Propagation::None;
         assert!(Manifest::validate(manifest("x", vec![federated])).is_ok());
     }

@@ -19,8 +19,9 @@ use crate::policy::{KeyHash, Policies, Verdict, VirtualKey};
 use crate::runtime::Guest;
 
 pub use manifest::{
-    ConnectorName, EffectSpec, HOST_OWNED_HEADERS, JsonPointer, Manifest, ManifestError,
-    Propagation, RouteKind, Schema, StatusClass, StatusClasses, ToolSpec,
+    BodyRule, Broker, ConnectorName, EffectSpec, HOST_OWNED_HEADERS, JsonPointer, Manifest,
+    ManifestError, Propagation, RouteKind, Schema, StatusClass, StatusClasses, ToolSpec,
+    classify_body,
 };
 pub use names::ToolName;
 pub use sources::{BUNDLED, Loader, SourceError, load_connector};
@@ -189,8 +190,27 @@ impl Catalog {
                     ));
                     continue;
                 };
+                let broker = match &connection.kind {
+                    ConnectionKind::Component { broker, .. } => broker.as_deref(),
+                    ConnectionKind::Mcp(_) => None,
+                };
                 for (tool_index, tool) in connector.manifest.tools.iter().enumerate() {
                     let name = ToolName::new(&connector.manifest.name, &tool.upstream_name);
+                    // A federated tool runs only through its own broker, whose retries the
+                    // host knows how to turn off; anything else is refused, not guessed.
+                    if let Some(declared) = tool.effect.broker
+                        && broker.is_none_or(|profile| profile.broker != declared)
+                    {
+                        catalog.problems.push(format!(
+                            "workspace {:?}: tool {name} is federated through {}, but connection {:?} names {}; the tool is refused (set broker = {:?} on the connection)",
+                            workspace.id,
+                            declared.label(),
+                            connection.id,
+                            broker.map_or("no broker".to_owned(), |p| format!("broker {}", p.broker.label())),
+                            declared.label(),
+                        ));
+                        continue;
+                    }
                     let listing = render_listing(&name, tool);
                     routes.insert(
                         name.as_str().to_owned(),

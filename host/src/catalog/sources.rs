@@ -13,6 +13,8 @@ use crate::runtime::{LoadError, Runtime};
 pub const BUNDLED: &[(&str, &[u8])] = &[
     ("stripe", include_bytes!(env!("OBOL_GUEST_PAYMENTS"))),
     ("tracker", include_bytes!(env!("OBOL_GUEST_TRACKER"))),
+    ("nango", include_bytes!(env!("OBOL_GUEST_NANGO"))),
+    ("composio", include_bytes!(env!("OBOL_GUEST_COMPOSIO"))),
 ];
 
 #[derive(Debug, thiserror::Error)]

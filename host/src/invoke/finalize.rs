@@ -53,10 +53,12 @@ impl Rendered {
             result,
             observed,
             note,
+            broker_record,
         } = self;
         let Invocation { plan, record } = invocation;
         let holder = &plan.authorized.holder;
-        let verification = receipt::verification(holder.evidence, observed);
+        let evidence = receipt::evidence(holder.evidence, broker_record.as_deref());
+        let verification = receipt::verification(evidence, observed);
         let attempts = match withdrawal {
             Withdrawal::None => record.attempts,
             Withdrawal::UnsentRetry => record.attempts.saturating_sub(1),
@@ -69,6 +71,8 @@ impl Rendered {
                 "outcome": class,
                 "vendor_status": vendor_status,
                 "attempt_count": attempts,
+                "route": holder.route,
+                "evidence": evidence,
                 "replayed": false,
             }});
             value
@@ -89,6 +93,7 @@ impl Rendered {
             vendor_status,
             observed,
             note,
+            broker_record: broker_record.as_deref(),
         };
         let finished = closing.of(&record);
         let receipt = receipt::build(&plan.claim_key, &finished, holder, ending);

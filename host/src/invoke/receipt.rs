@@ -23,6 +23,8 @@ pub struct Ending<'a> {
     /// What the gateway observed; [`verification`] lowers it for routes it cannot observe.
     pub observed: Verification,
     pub note: Option<&'a str>,
+    /// The broker's record id, when the gateway read one from a federated call's answer.
+    pub broker_record: Option<&'a str>,
 }
 
 /// What may be claimed of an outcome with this evidence: a federated route ran at a broker
@@ -30,12 +32,32 @@ pub struct Ending<'a> {
 pub fn verification(evidence: EvidenceClass, observed: Verification) -> Verification {
     match evidence {
         EvidenceClass::GatewayObserved => observed,
-        EvidenceClass::Untrusted => Verification::Unverifiable,
+        EvidenceClass::Untrusted | EvidenceClass::BrokerAttested => Verification::Unverifiable,
+    }
+}
+
+/// The evidence of an ending: a federated call is `broker_attested` only when the gateway read
+/// the broker's record id itself.
+pub fn evidence(holder: EvidenceClass, broker_record: Option<&str>) -> EvidenceClass {
+    match (holder, broker_record) {
+        (EvidenceClass::Untrusted, Some(_)) => EvidenceClass::BrokerAttested,
+        (evidence, _) => evidence,
     }
 }
 
 /// The receipt for `record` (the record as it is being finalized), held by `holder`.
 pub fn build(key: &ClaimKey, record: &ClaimRecord, holder: &Holder, ending: Ending) -> Receipt {
+    let evidence = evidence(holder.evidence, ending.broker_record);
+    // A federated receipt says why it has the evidence it has.
+    let note = ending.note.or(match evidence {
+        EvidenceClass::BrokerAttested => Some(
+            "broker_attested: the gateway read the broker's record id from its answer; what the broker reports of the vendor is not verified",
+        ),
+        EvidenceClass::Untrusted => Some(
+            "untrusted: the call ran at a broker, and the gateway read no broker record of it",
+        ),
+        EvidenceClass::GatewayObserved => None,
+    });
     Receipt {
         id: record.receipt_id.clone(),
         workspace: key.workspace.clone(),
@@ -53,9 +75,10 @@ pub fn build(key: &ClaimKey, record: &ClaimRecord, holder: &Holder, ending: Endi
         outcome: ending.outcome,
         vendor_status: ending.vendor_status,
         route: holder.route,
-        evidence: holder.evidence,
-        verification: verification(holder.evidence, ending.observed),
-        note: ending.note.map(str::to_owned),
+        evidence,
+        broker_record_id: ending.broker_record.map(str::to_owned),
+        verification: verification(evidence, ending.observed),
+        note: note.map(str::to_owned),
         policy_publication: holder.publication,
         matched_policies: holder.policies.clone(),
         approval_id: record.approval().map(|held| held.approval_id.to_string()),
@@ -90,6 +113,7 @@ pub fn refused(
         vendor_status: None,
         route: Default::default(),
         evidence: EvidenceClass::GatewayObserved,
+        broker_record_id: None,
         verification: Verification::Verified,
         note: Some(reason),
         policy_publication: verdict.and_then(|v| v.publication),

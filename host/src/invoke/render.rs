@@ -22,6 +22,8 @@ pub struct Rendered {
     /// What the gateway observed, before the route's evidence class is applied.
     pub observed: Verification,
     pub note: Option<&'static str>,
+    /// A federated call's broker record id, read by the gateway from the answer.
+    pub broker_record: Option<String>,
 }
 
 impl Observed {
@@ -32,6 +34,7 @@ impl Observed {
             withdrawal,
         } = self;
         let inconclusive = Some("the vendor's answer was not observed in full");
+        let mut broker_record = None;
         let (class, vendor_status, result, observed, note) = match observation {
             Observation::NoReply => (
                 OutcomeClass::Unknown,
@@ -52,6 +55,7 @@ impl Observed {
             Observation::Replied { reply, class } => {
                 let status = reply.status();
                 let upstream = matches!(reply, dispatch::Reply::Upstream(_));
+                broker_record = dispatch::broker_record(invocation.plan.route(), &reply);
                 let rendered =
                     dispatch::render(services, invocation.plan.route(), class, reply).await;
                 let observed = match (&rendered, outcome_class(class)) {
@@ -83,6 +87,7 @@ impl Observed {
             result,
             observed,
             note,
+            broker_record,
         }
     }
 }

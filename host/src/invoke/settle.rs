@@ -52,6 +52,7 @@ impl Settlement {
                 vendor_status: None,
                 observed: Verification::Inconclusive,
                 note: Some("the gateway holding this call stopped before recording its outcome"),
+                broker_record: None,
             },
             // The gateway knows first-hand that nothing left it.
             Settlement::Denied => Ending {
@@ -59,12 +60,14 @@ impl Settlement {
                 vendor_status: None,
                 observed: Verification::Verified,
                 note: Some("the workspace owner denied the call; nothing was sent"),
+                broker_record: None,
             },
             Settlement::Expired => Ending {
                 outcome: OutcomeClass::DefinitelyRejected,
                 vendor_status: None,
                 observed: Verification::Verified,
                 note: Some("the approval expired before the call resumed; nothing was sent"),
+                broker_record: None,
             },
         }
     }

@@ -32,6 +32,7 @@ impl Prepared {
         propagation: &Propagation,
         idempotency_key: Option<&str>,
         secret: Option<&SecretRef>,
+        broker: Option<&crate::broker::Profile>,
     ) -> Result<Prepared, ObolError> {
         let url = reqwest::Url::parse(&template.url).map_err(|_| {
             ObolError::InvalidOutboundRequest("the request URL does not parse".into())
@@ -105,6 +106,12 @@ impl Prepared {
         if let Some(secret) = secret {
             let (name, value) = credential_header(secret)?;
             headers.insert(name, value);
+        }
+        // Last, over anything the component set: the broker must not retry on its own.
+        if let Some(profile) = broker {
+            profile
+                .apply(&mut headers, &mut body)
+                .map_err(ObolError::InvalidOutboundRequest)?;
         }
         Ok(Prepared {
             method,
@@ -311,6 +318,7 @@ mod tests {
                 &Propagation::None,
                 None,
                 None,
+                None,
             );
             assert_eq!(result.unwrap_err(), ObolError::EgressDenied, "{foreign}");
         }
@@ -318,6 +326,7 @@ mod tests {
             template("http://127.0.0.1:4242/other/path?q=1", &[], None),
             &base(),
             &Propagation::None,
+            None,
             None,
             None,
         );
@@ -340,6 +349,7 @@ mod tests {
                 &propagation,
                 Some("idt_k"),
                 None,
+                None,
             );
             assert!(
                 matches!(result, Err(ObolError::InvalidOutboundRequest(_))),
@@ -358,6 +368,7 @@ mod tests {
             &header,
             Some("idt_abc"),
             None,
+            None,
         )
         .unwrap();
         assert_eq!(prepared.headers["idempotency-key"], "idt_abc");
@@ -369,6 +380,7 @@ mod tests {
             &base(),
             &body_field,
             Some("idt_abc"),
+            None,
             None,
         )
         .unwrap();
@@ -385,6 +397,7 @@ mod tests {
                 &base(),
                 &silent,
                 Some("idt_abc"),
+                None,
                 None,
             )
             .unwrap();
@@ -407,6 +420,7 @@ mod tests {
             &Propagation::None,
             None,
             Some(&secret),
+            None,
         );
         assert_eq!(missing.unwrap_err(), ObolError::CredentialUnavailable);
 
@@ -423,6 +437,7 @@ mod tests {
             &Propagation::None,
             None,
             Some(&secret),
+            None,
         )
         .unwrap();
         let value = &prepared.headers["authorization"];

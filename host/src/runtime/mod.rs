@@ -9,6 +9,7 @@
 //! guest that does not return.
 
 mod cache;
+mod legacy;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,15 +27,45 @@ use crate::config::RuntimeConfig;
 
 pub use cache::CompileCache;
 
-/// Bindings generated from the frozen contract.
+/// Bindings generated from the current contract; components built against an older released
+/// one are translated to these types at the runtime's boundary (`legacy`).
 pub mod wit {
     wasmtime::component::bindgen!({
-        path: "../wit/since_v0.1.0",
+        path: "../wit/since_v0.2.0",
         world: "connector",
     });
     pub use self::obol::connector::types::{
-        Content, EffectSpec, Header, Image, Method, Propagation, RouteKind, StatusRange, Tool,
+        BodyRule, BrokerKind, Content, EffectSpec, Header, Image, Method, OutcomeClass,
+        Propagation, RouteKind, StatusRange, Tool,
     };
+}
+
+/// The contract a component was built against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Contract {
+    V0_1,
+    V0_2,
+}
+
+impl Contract {
+    pub fn label(self) -> &'static str {
+        match self {
+            Contract::V0_1 => "obol:connector@0.1.0",
+            Contract::V0_2 => "obol:connector@0.2.0",
+        }
+    }
+}
+
+/// A component linked for its contract version.
+enum Pre {
+    Current(wit::ConnectorPre<GuestState>),
+    V0_1(legacy::ConnectorPre<GuestState>),
+}
+
+/// An instance, for one call.
+enum Instance {
+    Current(wit::Connector),
+    V0_1(legacy::Connector),
 }
 
 /// How often the epoch advances. Deadlines are rounded up to this granularity.
@@ -62,17 +93,20 @@ pub enum GuestFailure {
 pub enum LoadError {
     #[error("not a valid connector component: {0}")]
     Compile(String),
-    #[error("the component does not implement obol:connector@0.1.0: {0}")]
+    #[error("the component implements neither obol:connector@0.2.0 nor obol:connector@0.1.0: {0}")]
     Contract(String),
+    #[error("the component cannot load: {0}")]
+    Refused(String),
     #[error("the component's manifest() failed: {0}")]
     Manifest(GuestFailure),
 }
 
 /// A compiled, pre-linked component, ready to be instantiated per call.
 pub struct Guest {
-    pre: wit::ConnectorPre<GuestState>,
+    pre: Pre,
     /// sha256 of the component's bytes, hex.
     pub digest: String,
+    pub contract: Contract,
 }
 
 impl std::fmt::Debug for Guest {
@@ -118,6 +152,19 @@ impl ResourceLimiter for MemoryLimit {
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
         Ok(desired <= 100_000)
+    }
+}
+
+impl legacy::obol::connector::log::Host for GuestState {
+    fn log(&mut self, level: legacy::obol::connector::log::Level, message: String) {
+        use legacy::obol::connector::log::Level as Old;
+        use wit::obol::connector::log::{Host, Level};
+        let level = match level {
+            Old::Debug => Level::Debug,
+            Old::Info => Level::Info,
+            Old::Warn => Level::Warn,
+        };
+        Host::log(self, level, message);
     }
 }
 
@@ -193,6 +240,11 @@ impl Runtime {
             |state| state,
         )
         .map_err(|e| anyhow::anyhow!("{e}"))?;
+        legacy::obol::connector::log::add_to_linker::<GuestState, HasSelf<GuestState>>(
+            &mut linker,
+            |state| state,
+        )
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
         let cache = limits.cache_dir.clone().map(CompileCache::new);
         Ok(Runtime {
             _ticker: EpochTicker::start(engine.clone()),
@@ -220,16 +272,31 @@ impl Runtime {
         linker
             .define_unknown_imports_as_traps(&component)
             .map_err(|e| LoadError::Contract(format!("{e:#}")))?;
-        let pre = linker
+        let linked = linker
             .instantiate_pre(&component)
-            .and_then(wit::ConnectorPre::new)
             .map_err(|e| LoadError::Contract(format!("{e:#}")))?;
-        let guest = Guest { pre, digest };
+        // The newest contract first; a component exports one world's functions or the other's.
+        let (pre, contract) = match wit::ConnectorPre::new(linked.clone()) {
+            Ok(pre) => (Pre::Current(pre), Contract::V0_2),
+            Err(current) => match legacy::ConnectorPre::new(linked) {
+                Ok(pre) => (Pre::V0_1(pre), Contract::V0_1),
+                Err(_) => return Err(LoadError::Contract(format!("{current:#}"))),
+            },
+        };
+        let guest = Guest {
+            pre,
+            digest,
+            contract,
+        };
         let manifest = self
-            .call_blocking(&guest, "loading", |connector, store| {
-                connector.call_manifest(store)
+            .call_blocking(&guest, "loading", |instance, store| {
+                Ok(match instance {
+                    Instance::Current(connector) => Ok(connector.call_manifest(store)?),
+                    Instance::V0_1(connector) => legacy::manifest(connector.call_manifest(store)?),
+                })
             })
-            .map_err(LoadError::Manifest)?;
+            .map_err(LoadError::Manifest)?
+            .map_err(LoadError::Refused)?;
         Ok((guest, manifest))
     }
 
@@ -243,8 +310,11 @@ impl Runtime {
         facts: wit::ConnectionFacts,
     ) -> Result<Result<wit::OutboundRequest, wit::PrepareError>, GuestFailure> {
         let tool = tool.to_owned();
-        self.call(guest, connector, move |instance, store| {
-            instance.call_prepare(store, &tool, &arguments, &facts)
+        self.call(guest, connector, move |instance, store| match instance {
+            Instance::Current(c) => c.call_prepare(store, &tool, &arguments, &facts),
+            Instance::V0_1(c) => c
+                .call_prepare(store, &tool, &arguments, &legacy::facts(&facts))
+                .map(legacy::prepared),
         })
         .await
     }
@@ -258,8 +328,11 @@ impl Runtime {
         response: wit::VendorResponse,
     ) -> Result<Result<wit::ToolOutput, wit::InterpretError>, GuestFailure> {
         let tool = tool.to_owned();
-        self.call(guest, connector, move |instance, store| {
-            instance.call_interpret(store, &tool, &response)
+        self.call(guest, connector, move |instance, store| match instance {
+            Instance::Current(c) => c.call_interpret(store, &tool, &response),
+            Instance::V0_1(c) => c
+                .call_interpret(store, &tool, &legacy::response(&response))
+                .map(legacy::output),
         })
         .await
     }
@@ -272,7 +345,7 @@ impl Runtime {
     ) -> Result<R, GuestFailure>
     where
         R: Send + 'static,
-        F: FnOnce(&wit::Connector, &mut Store<GuestState>) -> wasmtime::Result<R> + Send + 'static,
+        F: FnOnce(Instance, &mut Store<GuestState>) -> wasmtime::Result<R> + Send + 'static,
     {
         // Wait for a slot at most one deadline: every holder frees its slot within that, so a
         // longer wait means the gateway is overloaded, and the caller gets a retryable answer
@@ -301,7 +374,7 @@ impl Runtime {
         &self,
         guest: &Guest,
         connector: &str,
-        body: impl FnOnce(&wit::Connector, &mut Store<GuestState>) -> wasmtime::Result<R>,
+        body: impl FnOnce(Instance, &mut Store<GuestState>) -> wasmtime::Result<R>,
     ) -> Result<R, GuestFailure> {
         self.call_blocking_in(guest, connector.into(), body)
     }
@@ -310,7 +383,7 @@ impl Runtime {
         &self,
         guest: &Guest,
         connector: Arc<str>,
-        body: impl FnOnce(&wit::Connector, &mut Store<GuestState>) -> wasmtime::Result<R>,
+        body: impl FnOnce(Instance, &mut Store<GuestState>) -> wasmtime::Result<R>,
     ) -> Result<R, GuestFailure> {
         let state = GuestState {
             limits: MemoryLimit {
@@ -329,10 +402,11 @@ impl Runtime {
             .div_ceil(EPOCH_TICK.as_nanos());
         store.set_epoch_deadline(u64::try_from(ticks).unwrap_or(u64::MAX).max(1));
         store.epoch_deadline_trap();
-        let outcome = guest
-            .pre
-            .instantiate(&mut store)
-            .and_then(|instance| body(&instance, &mut store));
+        let outcome = match &guest.pre {
+            Pre::Current(pre) => pre.instantiate(&mut store).map(Instance::Current),
+            Pre::V0_1(pre) => pre.instantiate(&mut store).map(Instance::V0_1),
+        }
+        .and_then(|instance| body(instance, &mut store));
         outcome.map_err(|error| self.classify_failure(&store, &error))
     }
 

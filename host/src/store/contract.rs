@@ -65,6 +65,7 @@ fn receipt(record: &ClaimRecord, claim: &ClaimKey) -> Receipt {
         vendor_status: Some(200),
         evidence: EvidenceClass::GatewayObserved,
         route: Default::default(),
+        broker_record_id: None,
         verification: Verification::Verified,
         note: None,
         policy_publication: None,

@@ -114,6 +114,9 @@ pub struct Receipt {
     #[serde(default)]
     pub route: crate::catalog::RouteKind,
     pub evidence: EvidenceClass,
+    /// The broker's id for this call, read by the gateway (`broker_attested` receipts only).
+    #[serde(default)]
+    pub broker_record_id: Option<String>,
     pub verification: Verification,
     /// Why verification is not `verified`, when it is not.
     pub note: Option<String>,
@@ -151,6 +154,10 @@ pub enum EvidenceClass {
     GatewayObserved,
     /// The call ran at a broker the gateway did not observe (federated routes).
     Untrusted,
+    /// A federated call whose broker record id the gateway itself read from the broker's
+    /// answer, where the broker's profile says it is (`broker_record_id`). Still not verified:
+    /// the broker's word about the vendor is not the gateway's observation.
+    BrokerAttested,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

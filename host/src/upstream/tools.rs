@@ -108,10 +108,12 @@ fn spec(upstream: &McpUpstream, tool: Tool) -> Result<ToolSpec, String> {
         input_schema,
         effect: EffectSpec {
             route: RouteKind::Mcp,
+            broker: None,
             destructive: effect::destructive(declared, hint, upstream.annotations),
             statuses: StatusClasses::none(),
             propagation: Propagation::Unsupported,
             output_schema,
+            body_rules: Vec::new(),
         },
     })
 }

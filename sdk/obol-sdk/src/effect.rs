@@ -107,13 +107,43 @@ pub enum Propagation {
     BodyField(&'static str),
 }
 
+/// The catalog brokers the host has a profile for. The host, not the component, turns the
+/// broker's retries off on every call and reads its record of the call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Broker {
+    Nango,
+    Composio,
+}
+
 /// Where the call runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Route {
     /// The gateway sends the request itself and observes the outcome.
     Native,
-    /// A catalog broker runs the call; the gateway does not observe it.
-    Federated,
+    /// A catalog broker runs the call; the gateway does not observe it. Its propagation must
+    /// be [`Propagation::None`] (the broker builds the vendor request).
+    Federated(Broker),
+}
+
+/// An outcome class, as a [`BodyRule`] assigns it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Accepted,
+    DefinitelyRejected,
+    Retryable,
+    Unknown,
+}
+
+/// Reclassifies an answer whose status is accepted by a field of its JSON body, e.g. a broker
+/// that answers 200 with `"successful": false`. The first matching rule decides; the host
+/// applies it, the component is never asked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BodyRule {
+    /// An RFC 6901 pointer, e.g. `/successful`.
+    pub pointer: &'static str,
+    /// The JSON value (as text) the field must hold exactly, e.g. `false`.
+    pub equals: &'static str,
+    pub outcome: Outcome,
 }
 
 /// What a tool does, as far as the host must know to act on its behalf.
@@ -133,6 +163,8 @@ pub struct EffectSpec {
     /// Statuses after which the vendor invites a retry.
     pub retryable: Vec<Status>,
     pub propagation: Propagation,
+    /// Checked in order on answers whose status is accepted.
+    pub body_rules: Vec<BodyRule>,
 }
 
 /// 4xx statuses that do *not* prove the vendor left the request alone: a timeout (408) or a
@@ -154,6 +186,7 @@ impl EffectSpec {
             definitely_rejected: Status::CLIENT_ERROR.except(&AMBIGUOUS_CLIENT_ERRORS),
             retryable: INVITES_RETRY.to_vec(),
             propagation: Propagation::None,
+            body_rules: Vec::new(),
         }
     }
 
@@ -203,8 +236,24 @@ impl EffectSpec {
         self
     }
 
-    /// Problems the host would refuse at load: statuses outside 100-599 and classes that
-    /// share a status (a status must mean exactly one thing).
+    /// Adds a rule that reclassifies an accepted answer when `pointer` holds `equals` (JSON).
+    pub fn body_rule(
+        mut self,
+        pointer: &'static str,
+        equals: &'static str,
+        outcome: Outcome,
+    ) -> EffectSpec {
+        self.body_rules.push(BodyRule {
+            pointer,
+            equals,
+            outcome,
+        });
+        self
+    }
+
+    /// Problems the host would refuse at load: statuses outside 100-599, classes that share a
+    /// status (a status must mean exactly one thing), a federated route that propagates the
+    /// key, and body rules whose pointer or value does not parse.
     pub fn problems(&self) -> Vec<String> {
         let classes = [
             ("accepted", &self.accepted),
@@ -224,6 +273,20 @@ impl EffectSpec {
                         problems.push(format!("{class} {status} overlaps {other_class} {other}"));
                     }
                 }
+            }
+        }
+        if matches!(self.route, Route::Federated(_)) && self.propagation != Propagation::None {
+            problems.push(
+                "a federated route's propagation must be None: the broker builds the vendor request"
+                    .into(),
+            );
+        }
+        for (index, rule) in self.body_rules.iter().enumerate() {
+            if !(rule.pointer.is_empty() || rule.pointer.starts_with('/')) {
+                problems.push(format!("body rule {index}: the pointer must start with /"));
+            }
+            if serde_json::from_str::<serde_json::Value>(rule.equals).is_err() {
+                problems.push(format!("body rule {index}: equals is not JSON"));
             }
         }
         problems

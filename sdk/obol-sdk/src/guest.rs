@@ -6,8 +6,9 @@ use std::marker::PhantomData;
 use crate::bindings::obol::connector::types as wit;
 use crate::bindings::{self, Guest};
 use crate::{
-    Arguments, ConnectionFacts, Connector, Content, EffectSpec, InterpretError, Manifest, Method,
-    OutboundRequest, PrepareError, Propagation, Route, Status, Tool, ToolOutput, VendorResponse,
+    Arguments, Broker, ConnectionFacts, Connector, Content, EffectSpec, InterpretError, Manifest,
+    Method, OutboundRequest, Outcome, PrepareError, Propagation, Route, Status, Tool, ToolOutput,
+    VendorResponse,
 };
 
 /// Implements the generated `Guest` for any [`Connector`]; [`export!`](crate::export) exports
@@ -90,7 +91,10 @@ fn effect_spec(effect: EffectSpec, output_schema: Option<String>) -> wit::Effect
     wit::EffectSpec {
         route: match effect.route {
             Route::Native => wit::RouteKind::Native,
-            Route::Federated => wit::RouteKind::Federated,
+            Route::Federated(Broker::Nango) => wit::RouteKind::Federated(wit::BrokerKind::Nango),
+            Route::Federated(Broker::Composio) => {
+                wit::RouteKind::Federated(wit::BrokerKind::Composio)
+            }
         },
         destructive: effect.destructive,
         accepted: ranges(effect.accepted),
@@ -103,6 +107,20 @@ fn effect_spec(effect: EffectSpec, output_schema: Option<String>) -> wit::Effect
             Propagation::BodyField(pointer) => wit::Propagation::BodyField(pointer.to_owned()),
         },
         output_schema,
+        body_rules: effect
+            .body_rules
+            .into_iter()
+            .map(|rule| wit::BodyRule {
+                pointer: rule.pointer.to_owned(),
+                equals: rule.equals.to_owned(),
+                class: match rule.outcome {
+                    Outcome::Accepted => wit::OutcomeClass::Accepted,
+                    Outcome::DefinitelyRejected => wit::OutcomeClass::DefinitelyRejected,
+                    Outcome::Retryable => wit::OutcomeClass::Retryable,
+                    Outcome::Unknown => wit::OutcomeClass::Unknown,
+                },
+            })
+            .collect(),
     }
 }
 

@@ -88,7 +88,7 @@
 //! * `response`: [`VendorResponse`] in, [`ToolOutput`] and [`Content`] out of `interpret`.
 //! * `error`: [`PrepareError`], [`InterpretError`].
 //! * [`log`]: the one import a component has.
-//! * [`bindings`]: the raw `wit-bindgen` bindings of `obol:connector@0.1.0`, for authors who
+//! * [`bindings`]: the raw `wit-bindgen` bindings of `obol:connector@0.2.0`, for authors who
 //!   want the contract's own types.
 //! * `guest`: the adapter from the generated `Guest` trait to [`Connector`].
 
@@ -102,14 +102,14 @@ mod request;
 mod response;
 mod url;
 
-/// The raw bindings of the `connector` world of `obol:connector@0.1.0`.
+/// The raw bindings of the `connector` world of `obol:connector@0.2.0`.
 // Generated code: the canonical ABI glue is unsafe by nature, and `_export_prepare_cabi`
 // takes one argument per flattened core value.
 #[allow(unsafe_code, clippy::too_many_arguments)]
 pub mod bindings {
     wit_bindgen::generate!({
         world: "connector",
-        path: "../../wit/since_v0.1.0",
+        path: "../../wit/since_v0.2.0",
         pub_export_macro: true,
         // The SDK's own `export!` is the public one; the generated macro is its back end.
         export_macro_name: "__export_connector",
@@ -118,7 +118,7 @@ pub mod bindings {
 }
 
 pub use call::{Arguments, ConnectionFacts};
-pub use effect::{EffectSpec, Propagation, Route, Status};
+pub use effect::{BodyRule, Broker, EffectSpec, Outcome, Propagation, Route, Status};
 pub use error::{InterpretError, PrepareError};
 pub use manifest::{Manifest, ManifestError, Tool};
 pub use request::{Form, Method, OutboundRequest};

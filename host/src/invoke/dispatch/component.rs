@@ -29,7 +29,10 @@ pub async fn prepare(
 ) -> Result<(Request, String), ObolError> {
     let connector = connector(route)?;
     let ConnectionKind::Component {
-        base_url, settings, ..
+        base_url,
+        settings,
+        broker,
+        ..
     } = &route.connection.kind
     else {
         return Err(ObolError::Internal);
@@ -64,6 +67,10 @@ pub async fn prepare(
         &route.tool().effect.propagation,
         Some(idempotency_key.as_str()),
         route.connection.secret.as_ref(),
+        // A federated route's broker (the catalog refused any without one).
+        broker
+            .as_deref()
+            .filter(|_| route.tool().effect.route == crate::catalog::RouteKind::Federated),
     )
     .inspect_err(|error| {
         if *error == ObolError::EgressDenied {

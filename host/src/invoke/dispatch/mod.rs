@@ -160,14 +160,46 @@ pub async fn send(services: &Services, planned: &Planned) -> Outcome {
                 AttemptOutcome::TooLarge { status } => Outcome::TooLarge {
                     class: statuses.classify(status),
                 },
-                AttemptOutcome::Responded(reply) => Outcome::Replied {
-                    class: statuses.classify(reply.status),
-                    reply: Reply::Vendor(reply),
-                },
+                AttemptOutcome::Responded(reply) => {
+                    let effect = &planned.route().tool().effect;
+                    let by_status = statuses.classify(reply.status);
+                    Outcome::Replied {
+                        class: crate::catalog::classify_body(
+                            &effect.body_rules,
+                            by_status,
+                            &reply.body,
+                        ),
+                        reply: Reply::Vendor(reply),
+                    }
+                }
             }
         }
         Request::Upstream(request) => upstream::send(services, request).await,
     }
+}
+
+/// A federated call's broker record id, read by the host where the connection's broker
+/// profile says it is (never from the component).
+pub fn broker_record(route: &Route, reply: &Reply) -> Option<String> {
+    let Reply::Vendor(reply) = reply else {
+        return None;
+    };
+    if route.tool().effect.route != crate::catalog::RouteKind::Federated {
+        return None;
+    }
+    let crate::config::ConnectionKind::Component {
+        broker: Some(profile),
+        ..
+    } = &route.connection.kind
+    else {
+        return None;
+    };
+    let headers: Vec<(String, String)> = reply
+        .headers
+        .iter()
+        .map(|h| (h.name.clone(), h.value.clone()))
+        .collect();
+    profile.record_id(&headers, &reply.body)
 }
 
 /// Renders the reply as the MCP result, after the host classified it.
