@@ -257,3 +257,32 @@ async fn components_built_against_contract_0_1_0_still_load() {
     assert_eq!(meta(&result)["outcome"], json!("accepted"), "{result:?}");
     assert_eq!(vendor.seen().len(), 1);
 }
+
+#[tokio::test]
+async fn a_lost_broker_answer_is_unknown_with_one_attempt_and_other_arguments_conflict() {
+    let (broker, gateway) = start(BROKERED, EXECUTED).await;
+    let k = key("nango-lost");
+    let client = McpClient::with_key(&gateway.url, TOKEN, &k).await;
+    // The vendor acts, but the broker answers after the gateway's 1.5 s deadline.
+    broker.set_delay(std::time::Duration::from_secs(3));
+    let (_, message, data) = client
+        .call_err("nango.contacts.create", json!({"email": "c@example.com"}))
+        .await;
+    let data = data.unwrap();
+    assert_eq!(data["type"], json!("upstream_timeout"), "{message}");
+    let lost = receipt(&gateway, data["receipt_id"].as_str().unwrap()).await;
+    assert_eq!(lost["outcome"], json!("unknown"));
+    assert_eq!(lost["attempt_count"], json!(1));
+    assert_eq!(lost["route"], json!("federated"));
+    assert_eq!(broker.vendor_requests(), 1);
+    // The same key with other arguments is a different call: refused, nothing sent.
+    broker.set_delay(std::time::Duration::ZERO);
+    let (_, _, data) = client
+        .call_err(
+            "nango.contacts.create",
+            json!({"email": "other@example.com"}),
+        )
+        .await;
+    assert_eq!(data.unwrap()["type"], json!("idempotency_conflict"));
+    assert_eq!(broker.calls().len(), 1);
+}

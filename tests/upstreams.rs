@@ -274,11 +274,23 @@ async fn an_expired_session_is_replaced_and_the_call_sent_once_under_one_attempt
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_changed_tool_list_reaches_the_catalog_and_colliding_names_are_left_out() {
+async fn a_changed_tool_list_reaches_the_sessions_and_colliding_names_are_left_out() {
+    use futures_util::StreamExt;
     let upstream = MockUpstream::start().await;
     let (_vendor, gateway) = start(&upstream, "").await;
-    let client = McpClient::connect(&gateway.url, TOKEN).await;
-    assert!(client.tool_names().await.contains(&"up.echo".to_owned()));
+    let raw = crate::support::RawMcp::new(&gateway.url);
+    let (session, _) = raw.initialize(TOKEN, "2025-11-25").await;
+    let stream = raw
+        .http
+        .get(&raw.url)
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .header("mcp-session-id", &session)
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
+    let mut events = stream.bytes_stream();
     let mut tools = default_tools();
     tools.push(json!({"name": "added", "inputSchema": {"type": "object"}}));
     tools.push(json!({"name": "twin", "inputSchema": {"type": "object"}}));
@@ -287,18 +299,80 @@ async fn a_changed_tool_list_reaches_the_catalog_and_colliding_names_are_left_ou
     );
     upstream.set_tools(tools);
     // Well inside the 45-second cache: only the upstream's notification can explain it.
-    eventually(
-        "the new tool is listed",
-        Duration::from_secs(10),
-        || async { client.tool_names().await.contains(&"up.added".to_owned()) },
-    )
-    .await;
+    let mut received = String::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !received.contains("notifications/tools/list_changed") {
+        let chunk = tokio::time::timeout_at(deadline, events.next())
+            .await
+            .expect("no tools/list_changed within 10 s")
+            .unwrap()
+            .unwrap();
+        received.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let client = McpClient::connect(&gateway.url, TOKEN).await;
     let names = client.tool_names().await;
+    assert!(names.contains(&"up.added".to_owned()), "{names:?}");
     assert!(!names.iter().any(|n| n == "up.twin"), "{names:?}");
     let (code, _, _) = client.call_err("up.twin", json!({})).await;
     assert_eq!(code, -32602);
     assert!(gateway.log().contains("listed more than once"));
     assert_eq!(upstream.calls_to("twin"), 0);
+}
+
+/// A rotated credential is read on the next call and gets a session of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_credential_opens_a_new_session() {
+    let upstream = MockUpstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("upstream-token.txt");
+    std::fs::write(&token_file, "first_token").unwrap();
+    let (_vendor, gateway) = start(
+        &upstream,
+        &format!("[workspaces.connections.secret]\nfile = {token_file:?}\nscheme = \"Bearer\""),
+    )
+    .await;
+    let client = McpClient::connect(&gateway.url, TOKEN).await;
+    client.call("up.write", json!({"n": 1})).await.unwrap();
+    let opened = upstream.sessions_opened();
+    std::fs::write(&token_file, "second_token").unwrap();
+    client.call("up.write", json!({"n": 2})).await.unwrap();
+    let calls = upstream.calls();
+    let auth = |i: usize| calls[i].headers.get("authorization").cloned();
+    assert_eq!(auth(0).as_deref(), Some("Bearer first_token"));
+    assert_eq!(auth(1).as_deref(), Some("Bearer second_token"));
+    assert_eq!(upstream.sessions_opened(), opened + 1);
+    let log = gateway.log();
+    assert!(!log.contains("first_token") && !log.contains("second_token"));
+}
+
+/// Cedar sees `route = "mcp"` and the honest `propagation = "unsupported"`, so an operator can
+/// deny production writes the upstream cannot deduplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cedar_can_deny_upstream_writes_that_cannot_be_deduplicated() {
+    let upstream = MockUpstream::start().await;
+    let vendor = MockVendor::start().await;
+    let mut config = config(
+        &vendor,
+        &upstream.url(),
+        "[workspaces.connections.tools.\"echo\"]\ndestructive = false",
+    );
+    config.owner = Some("obo_acme_owner".into());
+    config.publications = vec![(
+        1,
+        r#"@id("all") permit(principal, action, resource);
+@id("no-blind-upstream-writes") forbid(principal, action, resource) when { resource.route == "mcp" && resource.propagation == "unsupported" && resource.destructive };"#
+            .into(),
+    )];
+    let gateway = GatewayProcess::start(&config);
+    let client = McpClient::connect(&gateway.url, TOKEN).await;
+    let names = client.tool_names().await;
+    assert!(names.contains(&"up.echo".to_owned()), "{names:?}");
+    assert!(names.contains(&"stripe.create_refund".to_owned()));
+    assert!(!names.iter().any(|n| n == "up.write"), "{names:?}");
+    let (code, _, _) = client.call_err("up.write", json!({})).await;
+    assert_eq!(code, -32602);
+    client.call("up.echo", json!({"text": "ok"})).await.unwrap();
+    assert_eq!(upstream.calls_to("write"), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

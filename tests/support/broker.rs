@@ -32,6 +32,8 @@ struct Inner {
     /// Vendor answers to play, in order (then 200).
     vendor_script: Vec<u16>,
     log_ids: u64,
+    /// How long the broker takes to answer (after the vendor acted).
+    delay: std::time::Duration,
 }
 
 #[derive(Clone)]
@@ -67,6 +69,11 @@ impl MockBroker {
         self.inner.lock().unwrap().vendor_requests
     }
 
+    /// Answers only after `delay` (the vendor has acted by then).
+    pub fn set_delay(&self, delay: std::time::Duration) {
+        self.inner.lock().unwrap().delay = delay;
+    }
+
     /// The vendor's next answers (statuses), in order.
     pub fn script_vendor(&self, statuses: &[u16]) {
         self.inner.lock().unwrap().vendor_script = statuses.to_vec();
@@ -93,7 +100,23 @@ async fn handle(
     } else {
         json["retries"].as_u64()
     };
-    let mut inner = broker.inner.lock().unwrap();
+    let (response, delay) = {
+        let mut inner = broker.inner.lock().unwrap();
+        let response = answer(&mut inner, &method, path, seen, &json, retries);
+        (response, inner.delay)
+    };
+    tokio::time::sleep(delay).await;
+    response
+}
+
+fn answer(
+    inner: &mut Inner,
+    method: &Method,
+    path: String,
+    seen: Vec<(String, String)>,
+    json: &Value,
+    retries: Option<u64>,
+) -> Response {
     inner.calls.push(BrokerCall {
         path: path.clone(),
         retries,
@@ -133,7 +156,7 @@ async fn handle(
         return (StatusCode::OK, axum::Json(answer)).into_response();
     }
     if path.starts_with("/proxy/") {
-        let body = match method {
+        let body = match *method {
             Method::POST => json!({"id": "c_1", "properties": json["properties"]}),
             _ => json!({"id": path.rsplit('/').next().unwrap_or_default()}),
         };

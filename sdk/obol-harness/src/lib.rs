@@ -98,6 +98,19 @@ impl Harness {
         }
     }
 
+    /// How the gateway would classify an answer to `tool`: by the tool's declared status
+    /// classes, then its body rules (contract 0.2.0). The component is not asked.
+    pub fn classify(&self, tool: &str, status: u16, body: &[u8]) -> obol::catalog::StatusClass {
+        let spec = self
+            .manifest()
+            .tools
+            .iter()
+            .find(|t| t.upstream_name == tool)
+            .unwrap_or_else(|| panic!("the manifest has no tool {tool:?}"));
+        let effect = &spec.effect;
+        obol::catalog::classify_body(&effect.body_rules, effect.statuses.classify(status), body)
+    }
+
     /// The validated manifest, exactly as the gateway sees it.
     pub fn manifest(&self) -> &Manifest {
         &self.connector.manifest
