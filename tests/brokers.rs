@@ -286,3 +286,20 @@ async fn a_lost_broker_answer_is_unknown_with_one_attempt_and_other_arguments_co
     assert_eq!(data.unwrap()["type"], json!("idempotency_conflict"));
     assert_eq!(broker.calls().len(), 1);
 }
+
+#[test]
+fn a_retry_off_directive_cannot_replace_the_credential_or_a_gateway_header() {
+    for header in ["authorization", "cookie", "content-length"] {
+        let vendor_url = "http://127.0.0.1:9";
+        let mut config = GatewayConfig::new(vendor_url);
+        config.components.push(guests::NANGO.into());
+        config.acme_connections = format!(
+            "[[workspaces.connections]]\nid = \"crm\"\nconnector = \"nango\"\nbase_url = \"{vendor_url}\"\nbroker = \"nango\"\n[workspaces.connections.retry_off]\nheader = \"{header}\"\nvalue = \"0\"\n"
+        );
+        let said = config.refused();
+        assert!(
+            said.contains("belongs to the gateway or the credential"),
+            "{header}: {said}"
+        );
+    }
+}

@@ -626,3 +626,27 @@ async fn obol_upstreams_shows_the_derived_effect_spec_of_each_tool() {
         assert!(!shown.contains(URL_SECRET), "{shown}");
     }
 }
+
+/// Review finding: opening a session had no deadline of its own, so an upstream that accepts
+/// connections but never finishes its handshake held the call (and its lease) indefinitely.
+/// The open and the call share the request deadline; a handshake that misses it sent nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handshake_that_never_finishes_sends_nothing_within_the_deadline() {
+    let upstream = MockUpstream::start().await;
+    let (_vendor, gateway) = start(&upstream, "").await;
+    let client = McpClient::connect(&gateway.url, TOKEN).await;
+    client.call("up.echo", json!({"text": "a"})).await.unwrap();
+    upstream.expire_sessions();
+    upstream.set_slow_initialize(Duration::from_secs(30));
+    let started = Instant::now();
+    let (code, message, data) = client.call_err("up.write", json!({})).await;
+    assert_eq!(code, -32000, "{message}");
+    assert_eq!(data.unwrap()["type"], json!("upstream_unreachable"));
+    // Two attempts at most (the 404, then one more), each within the 1.5 s request deadline.
+    assert!(
+        started.elapsed() < Duration::from_secs(6),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(upstream.calls_to("write"), 0);
+}

@@ -659,9 +659,27 @@ impl ConnectionFile {
         if let Some(directive) = &self.retry_off {
             profile.retry_off = match (&directive.header, &directive.body_field) {
                 (Some(name), None) => RetryOff::Header {
-                    name: axum::http::HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
-                        format!("connection {id:?}: retry_off header {name:?} is not a header name")
-                    })?,
+                    name: {
+                        let header = axum::http::HeaderName::from_bytes(name.as_bytes())
+                            .map_err(|_| {
+                                format!("connection {id:?}: retry_off header {name:?} is not a header name")
+                            })?;
+                        // The directive is applied last: it must not replace the credential or
+                        // a header the gateway owns.
+                        let credential = self.secret.as_ref().map_or("authorization", |s| {
+                            s.header.as_deref().unwrap_or("authorization")
+                        });
+                        if crate::catalog::HOST_OWNED_HEADERS.contains(&header.as_str())
+                            || header.as_str().eq_ignore_ascii_case(credential)
+                            || header == axum::http::header::CONTENT_LENGTH
+                            || header == axum::http::header::CONTENT_TYPE
+                        {
+                            return Err(format!(
+                                "connection {id:?}: retry_off header {name:?} belongs to the gateway or the credential"
+                            ));
+                        }
+                        header
+                    },
                     value: axum::http::HeaderValue::from_str(&directive.value).map_err(|_| {
                         format!("connection {id:?}: retry_off value is not a header value")
                     })?,
@@ -688,9 +706,14 @@ impl ConnectionFile {
         let id = &self.id;
         match self.kind.as_deref() {
             None | Some("component") => {
-                if self.url.is_some() || self.prefix.is_some() || !self.tools.is_empty() {
+                if self.url.is_some()
+                    || self.prefix.is_some()
+                    || !self.tools.is_empty()
+                    || self.trusted_annotations
+                    || self.protocol_version.is_some()
+                {
                     return Err(format!(
-                        "connection {id:?}: url, prefix and tools belong to kind = \"mcp\""
+                        "connection {id:?}: url, prefix, tools, trusted_annotations and protocol_version belong to kind = \"mcp\""
                     ));
                 }
                 let connector = self.connector.take().ok_or_else(|| {
@@ -716,9 +739,10 @@ impl ConnectionFile {
                     || !self.settings.is_empty()
                     || self.broker.is_some()
                     || self.retry_off.is_some()
+                    || self.idempotency_window_hours.is_some()
                 {
                     return Err(format!(
-                        "connection {id:?}: connector, base_url, settings and broker belong to component connections; an mcp connection names url and prefix"
+                        "connection {id:?}: connector, base_url, settings, broker, retry_off and idempotency_window_hours belong to component connections; an mcp connection names url and prefix"
                     ));
                 }
                 let url = self
@@ -1192,7 +1216,15 @@ impl Config {
                 connect_timeout: ms(file.outbound.connect_timeout_ms.unwrap_or(5_000)),
                 request_timeout,
                 max_response_bytes: file.outbound.max_response_kib.unwrap_or(4 * 1024) << 10,
-                upstream_list_timeout: ms(file.outbound.upstream_list_timeout_ms.unwrap_or(5_000)),
+                upstream_list_timeout: match file.outbound.upstream_list_timeout_ms {
+                    None => ms(5_000),
+                    Some(0) => {
+                        return Err(invalid(
+                            "[outbound] upstream_list_timeout_ms must be at least 1".into(),
+                        ));
+                    }
+                    Some(timeout) => ms(timeout),
+                },
             },
             workspaces,
             keys,

@@ -17,16 +17,8 @@ use crate::outbound::Outbound;
 use crate::policy::{Environment, KeyHash, KeyTable, Scope, VirtualKey};
 use crate::runtime::Runtime;
 use crate::store::Store;
+pub use crate::upstream::Staleness;
 use crate::upstream::{Signal, Target, UpstreamId, Upstreams};
-
-/// Which upstreams a listing pass reads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Staleness {
-    /// Those whose cached tools are past their TTL (or invalidated).
-    Stale,
-    /// Those health says are down (the probe), whatever their cache says.
-    Down,
-}
 
 /// Something every open GET stream may need to hear about.
 #[derive(Debug, Clone)]
@@ -345,10 +337,11 @@ impl Gateway {
         if due.is_empty() {
             return;
         }
-        let changed = futures_util::future::join_all(due.into_iter().map(|t| upstreams.refresh(t)))
-            .await
-            .into_iter()
-            .any(|changed| changed);
+        let changed =
+            futures_util::future::join_all(due.into_iter().map(|t| upstreams.refresh(t, which)))
+                .await
+                .into_iter()
+                .any(|changed| changed);
         if changed {
             self.upstreams_changed().await;
         }

@@ -260,7 +260,9 @@ async fn show_upstreams(config: &Config) -> anyhow::Result<ExitCode> {
             let Some(target) = Target::of(&id, connection) else {
                 continue;
             };
-            upstreams.refresh(target).await;
+            upstreams
+                .refresh(target, obol::upstream::Staleness::Stale)
+                .await;
             let version = upstreams.protocol_version(&id).await;
             let listed = upstreams.snapshot().remove(&id).unwrap_or_default();
             println!(

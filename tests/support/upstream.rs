@@ -40,6 +40,8 @@ struct Inner {
     version: String,
     /// Refuse every request with this status (an upstream that is down behind a proxy).
     down: Option<u16>,
+    /// How long `initialize` takes to answer.
+    slow_initialize: Duration,
 }
 
 #[derive(Clone)]
@@ -94,6 +96,7 @@ impl MockUpstream {
             slow: Duration::from_secs(10),
             version: "2025-06-18".into(),
             down: None,
+            slow_initialize: Duration::ZERO,
         }));
         let (notify, _) = broadcast::channel(16);
         let upstream = MockUpstream {
@@ -155,6 +158,12 @@ impl MockUpstream {
     /// Answers every request with `status` (`None`: serve again).
     pub fn set_down(&self, status: Option<u16>) {
         self.inner.lock().unwrap().down = status;
+    }
+
+    /// Makes `initialize` answer only after `delay` (an upstream that accepts connections but
+    /// does not get to its handshake).
+    pub fn set_slow_initialize(&self, delay: Duration) {
+        self.inner.lock().unwrap().slow_initialize = delay;
     }
 
     pub fn set_slow(&self, delay: Duration) {
@@ -255,6 +264,30 @@ async fn post(
     let params = &request["params"];
     let result = |result: Value| json!({ "jsonrpc": "2.0", "id": id, "result": result });
     if method == "initialize" {
+        let delay = upstream.inner.lock().unwrap().slow_initialize;
+        if !delay.is_zero() {
+            // An event stream that keeps the connection busy with comments, so no read
+            // timeout fires, and never gets to the answer.
+            let stream = async_stream(move |tx| async move {
+                let until = tokio::time::Instant::now() + delay;
+                while tokio::time::Instant::now() < until {
+                    if tx
+                        .send(Ok(Bytes::from_static(b": busy\n\n")))
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            });
+            return (
+                StatusCode::OK,
+                [("content-type", "text/event-stream")],
+                Body::from_stream(stream),
+            )
+                .into_response();
+        }
         let mut inner = upstream.inner.lock().unwrap();
         inner.next_session += 1;
         let session = format!("mock-session-{}", inner.next_session);

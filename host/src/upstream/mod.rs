@@ -12,6 +12,7 @@ pub mod session;
 pub mod tools;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -51,6 +52,15 @@ struct Limits {
     max_response_bytes: usize,
 }
 
+/// Which upstreams a listing pass reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Staleness {
+    /// Those whose cached tools are past their TTL (or invalidated).
+    Stale,
+    /// Those health says are down (the probe), whatever their cache says.
+    Down,
+}
+
 /// One pool entry.
 #[derive(Debug, Default)]
 struct Entry {
@@ -58,6 +68,9 @@ struct Entry {
     cache: Mutex<Cache>,
     /// One listing at a time per upstream; the others wait for it and read its result.
     refreshing: tokio::sync::Mutex<()>,
+    /// A `list_changed` is waiting to be handled: further ones add nothing (an upstream that
+    /// floods them costs one queued signal, not one each).
+    changed_pending: AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -67,6 +80,8 @@ struct Cache {
     digest: Option<[u8; 32]>,
     /// When the cache must be read again (`None`: now).
     fresh_until: Option<Instant>,
+    /// Bumped by every `list_changed`: a listing that overlapped one is not fresh.
+    generation: u64,
 }
 
 /// The pool of upstream sessions.
@@ -160,29 +175,36 @@ impl Upstreams {
 
     /// Reads the upstream's tools unless another listing just did. Returns whether what the
     /// catalog shows of it changed (its tools, or whether it is down).
-    pub async fn refresh(&self, target: Target<'_>) -> bool {
+    pub async fn refresh(&self, target: Target<'_>, which: Staleness) -> bool {
         let entry = self.entry(target.id);
         let _flight = entry.refreshing.lock().await;
-        if !self.stale(target.id) {
+        if which == Staleness::Stale && !self.stale(target.id) {
             return false;
         }
+        entry.changed_pending.store(false, Ordering::SeqCst);
+        let generation = entry.cache.lock().expect("cache lock").generation;
         let listed =
             tokio::time::timeout(self.limits.list_deadline, self.list(&entry, target)).await;
         let connection = &target.id.connection;
         match listed {
             Ok(Ok(listed)) => {
                 let digest = digest(&listed);
-                let admitted = tools::admit(target.upstream, listed);
-                for dropped in &admitted.dropped {
+                let same = entry.cache.lock().expect("cache lock").digest == Some(digest);
+                // An unchanged listing is not compiled (or logged) again.
+                let admitted = (!same).then(|| tools::admit(target.upstream, listed));
+                for dropped in admitted.iter().flat_map(|a| &a.dropped) {
                     tracing::warn!(%connection, "upstream tool left out: {dropped}");
                 }
                 let changed = {
                     let mut cache = entry.cache.lock().expect("cache lock");
-                    let changed = cache.digest != Some(digest);
-                    cache.tools = Some(Arc::new(admitted.tools));
-                    cache.digest = Some(digest);
-                    cache.fresh_until = Some(Instant::now() + TOOLS_TTL);
-                    changed
+                    if let Some(admitted) = admitted {
+                        cache.tools = Some(Arc::new(admitted.tools));
+                        cache.digest = Some(digest);
+                    }
+                    // A list_changed during the listing may not be in it: read again.
+                    cache.fresh_until =
+                        (cache.generation == generation).then(|| Instant::now() + TOOLS_TTL);
+                    !same
                 };
                 let flip = self.health.answered(target.id);
                 if flip == Flip::CameUp {
@@ -235,25 +257,32 @@ impl Upstreams {
     }
 
     /// Sends one `tools/call`. What the host observed decides the outcome; the answer is only
-    /// relayed.
+    /// relayed. Opening a session and the call share one deadline (`request_timeout_ms`), as
+    /// a native attempt's connect and response do, so an attempt never outlives its lease's
+    /// share.
     pub async fn call(
         &self,
         target: Target<'_>,
         name: &str,
         arguments: Map<String, Value>,
     ) -> (Observed, Answer) {
+        let deadline = tokio::time::Instant::now() + self.limits.call_deadline;
         let entry = self.entry(target.id);
-        let session = match self.session(&entry, target).await {
-            Ok(session) => session,
-            Err(error) => {
-                tracing::warn!(connection = %target.id.connection, "no upstream session, nothing sent: {error}");
+        let opened = tokio::time::timeout_at(deadline, self.session(&entry, target)).await;
+        let session = match opened {
+            Ok(Ok(session)) => session,
+            failed => {
+                let why = match failed {
+                    Ok(Err(error)) => error.to_string(),
+                    _ => "no session within the request deadline".to_owned(),
+                };
+                tracing::warn!(connection = %target.id.connection, "no upstream session, nothing sent: {why}");
                 self.flipped(target.id, self.health.call_unreachable(target.id));
                 return (Observed::NotSent, Answer::Nothing);
             }
         };
-        let (observed, answer) = session
-            .call(name, arguments, self.limits.call_deadline)
-            .await;
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let (observed, answer) = session.call(name, arguments, left).await;
         match observed {
             Observed::SessionExpired => {
                 tracing::info!(connection = %target.id.connection, "the upstream session expired; the next attempt opens a new one");
@@ -312,8 +341,14 @@ impl Upstreams {
             let id = target.id.clone();
             Arc::new(move || {
                 if let Some(entry) = weak.upgrade() {
-                    entry.cache.lock().expect("cache lock").fresh_until = None;
-                    let _ = signals.send(Signal::ListChanged(id.clone()));
+                    {
+                        let mut cache = entry.cache.lock().expect("cache lock");
+                        cache.fresh_until = None;
+                        cache.generation += 1;
+                    }
+                    if !entry.changed_pending.swap(true, Ordering::SeqCst) {
+                        let _ = signals.send(Signal::ListChanged(id.clone()));
+                    }
                 }
             })
         };
