@@ -53,8 +53,11 @@ const GUESTS: &[(&str, &str, &str)] = &[
 fn main() {
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
     let root = manifest_dir.parent().unwrap().to_owned();
+    // Relative to this package, not absolute: cargo's fingerprints do not depend on the
+    // checkout's path, so two checkouts sharing a target directory would otherwise each watch
+    // the other's sources and keep stale guests.
     for watched in ["wit", "sdk/obol-sdk", "connectors", "Cargo.lock"] {
-        println!("cargo:rerun-if-changed={}", root.join(watched).display());
+        println!("cargo:rerun-if-changed=../{watched}");
     }
     println!("cargo:rerun-if-changed=build.rs");
 

@@ -303,3 +303,76 @@ fn a_retry_off_directive_cannot_replace_the_credential_or_a_gateway_header() {
         );
     }
 }
+
+/// The retry-off directive is on the gateway-reserved retry too: the first attempt never
+/// left (a refused connection), the same reservation is sent again, and the broker sees one
+/// call, with its retries off, for one counted attempt.
+#[tokio::test]
+async fn the_gateway_reserved_retry_carries_the_directive_too() {
+    let vendor = MockVendor::start().await;
+    let broker = MockBroker::start().await;
+    let mut config = config(&vendor, &broker, BROKERED, EXECUTED);
+    config.env = vec![("OBOL_FAILPOINTS".into(), "refuse-send=1".into())];
+    let gateway = GatewayProcess::start(&config);
+    let client = McpClient::connect(&gateway.url, TOKEN).await;
+    let created = client
+        .call("nango.contacts.create", json!({"email": "d@example.com"}))
+        .await
+        .unwrap();
+    assert_eq!(meta(&created)["outcome"], json!("accepted"));
+    assert_eq!(meta(&created)["attempt_count"], json!(1));
+    let calls = broker.calls();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].retries, Some(0));
+    assert_eq!(broker.vendor_requests(), 1);
+}
+
+/// A destructive federated tool in production is held for the owner and sent once after the
+/// approval, with the broker's retries off.
+#[tokio::test]
+async fn a_destructive_federated_tool_is_held_in_prod_and_sent_once_after_approval() {
+    use crate::approvals::{AGENT, approve, resumer};
+    use crate::support::gateway::Key;
+    let vendor = MockVendor::start().await;
+    let broker = MockBroker::start().await;
+    let mut config = config(&vendor, &broker, BROKERED, EXECUTED);
+    let prod = crate::approvals::prod_config_at(&vendor.base_url());
+    config.environment = prod.environment;
+    config.owner = prod.owner;
+    let mut agent = Key::new(AGENT, "acme", &["nango.contacts.delete"]);
+    agent.environment = "prod".into();
+    agent.scopes = vec!["mcp".into(), "receipts".into(), "approvals".into()];
+    config.keys = vec![agent];
+    let gateway = GatewayProcess::start(&config);
+    let k = key("nango-delete");
+    let client = McpClient::with_key(&gateway.url, AGENT, &k).await;
+    let names = client.tool_names().await;
+    assert_eq!(names, ["nango.contacts.delete"], "{}", gateway.log());
+    let (code, message, data) = client
+        .call_err("nango.contacts.delete", json!({"id": "c_7"}))
+        .await;
+    assert_eq!(code, -32003, "{message}");
+    let id = data.unwrap()["approval"]["approval_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        broker.calls().is_empty(),
+        "nothing sent before the approval"
+    );
+    let token = approve(&gateway, &id).await;
+    let resumed = resumer(&gateway, AGENT, &id, &token, Some(&k)).await;
+    let done = resumed
+        .call("nango.contacts.delete", json!({"id": "c_7"}))
+        .await
+        .unwrap();
+    assert_eq!(meta(&done)["outcome"], json!("accepted"), "{done:?}");
+    let again = resumed
+        .call("nango.contacts.delete", json!({"id": "c_7"}))
+        .await
+        .unwrap();
+    assert_eq!(meta(&again)["replayed"], json!(true));
+    let calls = broker.calls();
+    assert_eq!(calls.len(), 1, "resumed once");
+    assert_eq!(calls[0].retries, Some(0));
+}

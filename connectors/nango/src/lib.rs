@@ -8,6 +8,7 @@
 //!
 //! * `contacts.create` — POST `/proxy/crm/v3/objects/contacts`; a write.
 //! * `contacts.get` — GET `/proxy/crm/v3/objects/contacts/{id}`; a read.
+//! * `contacts.delete` — DELETE `/proxy/crm/v3/objects/contacts/{id}`; destructive.
 
 use obol_sdk::{
     Arguments, Broker, ConnectionFacts, Connector, EffectSpec, InterpretError, Manifest,
@@ -17,6 +18,7 @@ use serde_json::json;
 
 const CREATE: &str = "contacts.create";
 const GET: &str = "contacts.get";
+const DELETE: &str = "contacts.delete";
 
 pub struct Nango;
 
@@ -39,6 +41,16 @@ impl Connector for Nango {
                             "name": {"type": "string"}
                         },
                         "required": ["email"],
+                        "additionalProperties": false
+                    })),
+            )
+            .tool(
+                Tool::new(DELETE, federated(EffectSpec::write().destructive()))
+                    .description("Delete a CRM contact through the Nango proxy. It cannot be undone.")
+                    .input_schema(json!({
+                        "type": "object",
+                        "properties": {"id": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}},
+                        "required": ["id"],
                         "additionalProperties": false
                     })),
             )
@@ -77,13 +89,16 @@ impl Connector for Nango {
                     "name": arguments.optional_str("name")?,
                 }}))
             }
-            GET => {
+            GET | DELETE => {
                 let url = connection
                     .url()
                     .path("proxy/crm/v3/objects/contacts")
                     .segment(arguments.required_str("id")?)
                     .build()?;
-                OutboundRequest::get(url)
+                match tool {
+                    GET => OutboundRequest::get(url),
+                    _ => OutboundRequest::delete(url),
+                }
             }
             _ => return Err(PrepareError::UnknownTool),
         };
@@ -93,7 +108,7 @@ impl Connector for Nango {
     }
 
     fn interpret(tool: &str, response: VendorResponse) -> Result<ToolOutput, InterpretError> {
-        if tool != CREATE && tool != GET {
+        if ![CREATE, GET, DELETE].contains(&tool) {
             return Err(InterpretError::UnknownTool);
         }
         let body = response.json()?;

@@ -89,6 +89,11 @@ pub async fn prepare(
 /// Sends one attempt through the outbound hop.
 pub async fn send(services: &Services, request: &Request) -> AttemptOutcome {
     failpoint("hang-before-send").await;
+    // A connection refused before anything was written, without a vendor that refuses.
+    #[cfg(feature = "test-util")]
+    if crate::failpoint::active("refuse-send") {
+        return AttemptOutcome::NotSent;
+    }
     let outcome = services.outbound.send(request.clone()).await;
     failpoint("hang-after-send").await;
     outcome
