@@ -452,6 +452,18 @@ fn mcp_connections_that_cannot_work_are_refused_at_load() {
     assert!(base("", "has.dot").contains("prefix"));
     assert!(base("base_url = \"http://127.0.0.1:9\"", "up").contains("url and prefix"));
     assert!(base("protocol_version = \"1999-01-01\"", "up").contains("protocol_version"));
+    let key_header = |header: &str| {
+        base(
+            &format!("[workspaces.connections.tools.\"write\"]\nidempotency_header = \"{header}\""),
+            "up",
+        )
+    };
+    for taken in ["mcp-session-id", "authorization", "content-type"] {
+        assert!(
+            key_header(taken).contains("belongs to the gateway, the transport or the credential"),
+            "{taken}"
+        );
+    }
     let mut config = GatewayConfig::new("http://127.0.0.1:9");
     config.acme_connections = format!(
         "[[workspaces.connections]]\nid = \"up-main\"\nkind = \"mcp\"\nurl = \"http://user:{URL_SECRET}@127.0.0.1:9/mcp\"\nprefix = \"up\""
@@ -649,4 +661,35 @@ async fn a_handshake_that_never_finishes_sends_nothing_within_the_deadline() {
         started.elapsed()
     );
     assert_eq!(upstream.calls_to("write"), 0);
+}
+
+/// An upstream the operator knows deduplicates on a header gets the call's key there, and only
+/// then may a retryable answer be sent once more (under the same key, counted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_declared_key_header_carries_the_key_and_licenses_one_retry() {
+    let upstream = MockUpstream::start().await;
+    let (_vendor, gateway) = start(
+        &upstream,
+        "[workspaces.connections.tools.\"busy\"]\nidempotency_header = \"Idempotency-Key\"\n[workspaces.connections.tools.\"write\"]\nidempotency_header = \"X-Request-Key\"",
+    )
+    .await;
+    let k = key("upstream-keyed");
+    let client = McpClient::with_key(&gateway.url, TOKEN, &k).await;
+    let written = client.call("up.write", json!({"a": 1})).await.unwrap();
+    assert_eq!(meta(&written)["idempotency_key"], json!(k));
+    let calls = upstream.calls();
+    assert_eq!(calls[0].headers.get("x-request-key"), Some(&k));
+
+    // 503 is retryable; with the header declared the gateway resends once, with the same key.
+    let other = key("upstream-keyed-busy");
+    let busy_client = McpClient::with_key(&gateway.url, TOKEN, &other).await;
+    let busy = busy_client.call("up.busy", json!({})).await.unwrap();
+    assert_eq!(meta(&busy)["attempt_count"], json!(2), "{busy:?}");
+    let sent: Vec<_> = upstream
+        .calls()
+        .into_iter()
+        .filter(|c| c.tool == "busy")
+        .map(|c| c.headers.get("idempotency-key").cloned())
+        .collect();
+    assert_eq!(sent, vec![Some(other.clone()), Some(other)]);
 }

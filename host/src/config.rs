@@ -248,10 +248,13 @@ pub enum Declared {
 }
 
 /// The operator's word on one upstream tool.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct UpstreamToolConfig {
     pub declared: Option<Declared>,
     pub error_results: ErrorResults,
+    /// The header the upstream deduplicates this tool's calls on (`idempotency_header`):
+    /// the key goes there, and a retryable answer may then be sent once more.
+    pub idempotency_header: Option<axum::http::HeaderName>,
 }
 
 /// An upstream's URL. It may carry a secret in its query, so it never prints.
@@ -628,12 +631,52 @@ struct UpstreamToolFile {
     destructive: Option<bool>,
     #[serde(default)]
     rejected_on_error: bool,
+    idempotency_header: Option<String>,
+}
+
+/// The header an upstream tool's key travels in: not one the gateway, MCP's transport or the
+/// credential already uses.
+fn upstream_key_header(
+    connection: &str,
+    tool: &str,
+    header: &str,
+    credential: &str,
+) -> Result<axum::http::HeaderName, String> {
+    let refused = |why: &str| {
+        format!("connection {connection:?}: tool {tool:?}: idempotency_header {header:?} {why}")
+    };
+    let name = axum::http::HeaderName::from_bytes(header.as_bytes())
+        .map_err(|_| refused("is not a header name"))?;
+    const TRANSPORT: [&str; 5] = [
+        "mcp-session-id",
+        "mcp-protocol-version",
+        "accept",
+        "content-type",
+        "last-event-id",
+    ];
+    if crate::catalog::HOST_OWNED_HEADERS.contains(&name.as_str())
+        || TRANSPORT.contains(&name.as_str())
+        || name.as_str().eq_ignore_ascii_case(credential)
+    {
+        return Err(refused(
+            "belongs to the gateway, the transport or the credential",
+        ));
+    }
+    Ok(name)
 }
 
 /// Names no prefix may take: they would read as the gateway's own.
 const RESERVED_PREFIXES: [&str; 4] = ["obol", "mcp", "search_tools", "call_tool"];
 
 impl ConnectionFile {
+    /// The header the connection's credential travels in (`Authorization` by default).
+    fn credential_header(&self) -> &str {
+        self.secret
+            .as_ref()
+            .and_then(|s| s.header.as_deref())
+            .unwrap_or("authorization")
+    }
+
     /// The broker profile: the built-in one of `broker`, with `retry_off` replacing its
     /// directive when given.
     fn broker_profile(&self) -> Result<Option<Box<crate::broker::Profile>>, String> {
@@ -666,9 +709,7 @@ impl ConnectionFile {
                             })?;
                         // The directive is applied last: it must not replace the credential or
                         // a header the gateway owns.
-                        let credential = self.secret.as_ref().map_or("authorization", |s| {
-                            s.header.as_deref().unwrap_or("authorization")
-                        });
+                        let credential = self.credential_header();
                         if crate::catalog::HOST_OWNED_HEADERS.contains(&header.as_str())
                             || header.as_str().eq_ignore_ascii_case(credential)
                             || header == axum::http::header::CONTENT_LENGTH
@@ -766,9 +807,15 @@ impl ConnectionFile {
                         PROTOCOL_VERSIONS
                     ));
                 }
+                let credential = self.credential_header().to_owned();
                 let tools = std::mem::take(&mut self.tools)
                     .into_iter()
                     .map(|(name, tool)| {
+                        let idempotency_header = tool
+                            .idempotency_header
+                            .as_deref()
+                            .map(|header| upstream_key_header(id, &name, header, &credential))
+                            .transpose()?;
                         let declared = tool.destructive.map(|destructive| match destructive {
                             true => Declared::Destructive,
                             false => Declared::ReadOnly,
@@ -777,15 +824,16 @@ impl ConnectionFile {
                             true => ErrorResults::AreRejections,
                             false => ErrorResults::MayHaveActed,
                         };
-                        (
+                        Ok((
                             name,
                             UpstreamToolConfig {
                                 declared,
                                 error_results,
+                                idempotency_header,
                             },
-                        )
+                        ))
                     })
-                    .collect();
+                    .collect::<Result<_, String>>()?;
                 Ok(ConnectionKind::Mcp(Arc::new(McpUpstream {
                     url,
                     prefix,

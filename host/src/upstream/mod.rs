@@ -8,6 +8,7 @@
 
 pub mod effect;
 pub mod health;
+pub mod keyed;
 pub mod session;
 pub mod tools;
 
@@ -265,6 +266,7 @@ impl Upstreams {
         target: Target<'_>,
         name: &str,
         arguments: Map<String, Value>,
+        key: Option<keyed::IdempotencyHeader>,
     ) -> (Observed, Answer) {
         let deadline = tokio::time::Instant::now() + self.limits.call_deadline;
         let entry = self.entry(target.id);
@@ -282,7 +284,7 @@ impl Upstreams {
             }
         };
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        let (observed, answer) = session.call(name, arguments, left).await;
+        let (observed, answer) = session.call(name, arguments, key, left).await;
         match observed {
             Observed::SessionExpired => {
                 tracing::info!(connection = %target.id.connection, "the upstream session expired; the next attempt opens a new one");

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rmcp::model::{
-    CallToolRequestParams, ClientCapabilities, ClientConfig, Implementation,
-    PaginatedRequestParams, ProtocolVersion, Tool,
+    CallToolRequest, CallToolRequestParams, ClientCapabilities, ClientConfig, ClientRequest,
+    Implementation, PaginatedRequestParams, ProtocolVersion, ServerResult, Tool,
 };
 use rmcp::service::{
     ClientCacheConfig, ClientInitializeError, NotificationContext, RunningService,
@@ -119,7 +119,8 @@ impl Session {
         backoff.max_times = Some(5);
         backoff.max_delay = Some(Duration::from_secs(10));
         config.retry_config = Arc::new(backoff);
-        let transport = StreamableHttpClientTransport::with_client(dial.http, config);
+        let transport =
+            StreamableHttpClientTransport::with_client(super::keyed::Keyed(dial.http), config);
         let offered = match dial.offered_version {
             None => ProtocolVersion::LATEST,
             Some(text) => protocol_version(text).unwrap_or(ProtocolVersion::LATEST),
@@ -207,19 +208,28 @@ impl Session {
         ))
     }
 
-    /// Sends exactly one `tools/call` and reports what the host observed.
+    /// Sends exactly one `tools/call` (with the idempotency key in its header, when the tool
+    /// declares one) and reports what the host observed.
     pub async fn call(
         &self,
         name: &str,
         arguments: Map<String, Value>,
+        key: Option<super::keyed::IdempotencyHeader>,
         deadline: Duration,
     ) -> (Observed, Answer) {
         let params = CallToolRequestParams::new(name.to_owned()).with_arguments(arguments);
-        // `Peer::call_tool` sends one POST; `RunningService::call_tool` could send more.
-        let call = self.service.peer().call_tool(params);
+        let mut request = CallToolRequest::new(params);
+        if let Some(key) = key {
+            request.extensions.insert(key);
+        }
+        // One request, one POST (`RunningService::call_tool` could send more).
+        let call = self
+            .service
+            .peer()
+            .send_request(ClientRequest::CallToolRequest(request));
         match tokio::time::timeout(deadline, call).await {
             Err(_) => (Observed::LostAfterSend, Answer::Nothing),
-            Ok(Ok(result)) => {
+            Ok(Ok(ServerResult::CallToolResult(result))) => {
                 let flag = match result.is_error {
                     Some(true) => ResultFlag::Error,
                     _ => ResultFlag::Success,
@@ -229,6 +239,8 @@ impl Session {
                     Err(_) => (Observed::LostAfterSend, Answer::Nothing),
                 }
             }
+            // Anything but a result (a task, an input request) may have started the tool.
+            Ok(Ok(_)) => (Observed::LostAfterSend, Answer::Nothing),
             Ok(Err(error)) => observe_failure(&error),
         }
     }

@@ -89,11 +89,14 @@ fn spec(upstream: &McpUpstream, tool: Tool) -> Result<ToolSpec, String> {
         Some(true) => ReadOnlyHint::ReadOnly,
         _ => ReadOnlyHint::NotSaid,
     };
-    let declared = upstream
-        .tools
-        .get(&name)
+    let operator = upstream.tools.get(&name);
+    let declared = operator
         .and_then(|tool| tool.declared)
         .unwrap_or(effect::Declared::Nothing);
+    let propagation = match operator.and_then(|tool| tool.idempotency_header.clone()) {
+        Some(header) => Propagation::Header(header),
+        None => Propagation::Unsupported,
+    };
     let mut description = tool.description.map(|d| d.to_string()).unwrap_or_default();
     if description.len() > MAX_DESCRIPTION {
         let mut end = MAX_DESCRIPTION;
@@ -111,7 +114,7 @@ fn spec(upstream: &McpUpstream, tool: Tool) -> Result<ToolSpec, String> {
             broker: None,
             destructive: effect::destructive(declared, hint, upstream.annotations),
             statuses: StatusClasses::none(),
-            propagation: Propagation::Unsupported,
+            propagation,
             output_schema,
             body_rules: Vec::new(),
         },

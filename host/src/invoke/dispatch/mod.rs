@@ -123,7 +123,7 @@ async fn plan(
             (Request::Component(request), destination)
         }
         ServedBy::Upstream { id, .. } => {
-            let (request, facts) = upstream::prepare(route, id, &routed.parsed.arguments)?;
+            let (request, facts) = upstream::prepare(route, id, &routed.parsed.arguments, key)?;
             (Request::Upstream(request), facts)
         }
     };

@@ -7,11 +7,12 @@ use std::sync::Arc;
 use serde_json::{Map, Value, json};
 
 use super::{Outcome, Reply, failpoint};
-use crate::catalog::{Route, StatusClass};
+use crate::catalog::{Propagation, Route, StatusClass};
 use crate::config::{ConnectionConfig, ConnectionKind, McpUpstream};
 use crate::error::ObolError;
 use crate::invoke::Services;
 use crate::upstream::effect::{self, ErrorResults, Verdict};
+use crate::upstream::keyed::IdempotencyHeader;
 use crate::upstream::session::Answer;
 use crate::upstream::{Target, UpstreamId};
 
@@ -25,6 +26,8 @@ pub struct Request {
     name: String,
     arguments: Map<String, Value>,
     error_results: ErrorResults,
+    /// The key, in the header the operator declared the upstream deduplicates on.
+    key: Option<IdempotencyHeader>,
 }
 
 /// Builds the call and its pinned facts (`mcp ORIGIN UPSTREAM_TOOL`). A credential that
@@ -33,6 +36,7 @@ pub fn prepare(
     route: &Route,
     id: &UpstreamId,
     arguments: &Map<String, Value>,
+    idempotency_key: &crate::idempotency::IdempotencyKey,
 ) -> Result<(Request, String), ObolError> {
     let ConnectionKind::Mcp(upstream) = &route.connection.kind else {
         return Err(ObolError::Internal);
@@ -46,6 +50,16 @@ pub fn prepare(
         .get(&name)
         .map(|tool| tool.error_results)
         .unwrap_or_default();
+    let key = match &route.tool().effect.propagation {
+        Propagation::Header(header) => Some(IdempotencyHeader {
+            name: header.clone(),
+            value: idempotency_key
+                .as_str()
+                .parse()
+                .map_err(|_| ObolError::Internal)?,
+        }),
+        _ => None,
+    };
     let facts = format!("mcp {} {name}", upstream.url.origin());
     Ok((
         Request {
@@ -55,6 +69,7 @@ pub fn prepare(
             name,
             arguments: arguments.clone(),
             error_results,
+            key,
         },
         facts,
     ))
@@ -70,7 +85,12 @@ pub async fn send(services: &Services, request: &Request) -> Outcome {
     };
     let (observed, answer) = services
         .upstreams
-        .call(target, &request.name, request.arguments.clone())
+        .call(
+            target,
+            &request.name,
+            request.arguments.clone(),
+            request.key.clone(),
+        )
         .await;
     failpoint("hang-after-send").await;
     let class = match effect::classify(observed, request.error_results) {
