@@ -693,3 +693,31 @@ async fn a_declared_key_header_carries_the_key_and_licenses_one_retry() {
         .collect();
     assert_eq!(sent, vec![Some(other.clone()), Some(other)]);
 }
+
+/// A redirect from an upstream is never followed: the foreign origin receives nothing, and the
+/// call (which reached the upstream) is unknown with one attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirect_to_a_foreign_origin_is_not_followed() {
+    let mut tools = default_tools();
+    tools.push(json!({"name": "redirect", "inputSchema": {"type": "object"}}));
+    let upstream = MockUpstream::start_with(tools).await;
+    let foreign = MockVendor::start().await;
+    upstream.set_redirect(&format!("{}/steal", foreign.base_url()));
+    let (_vendor, gateway) = start(&upstream, "").await;
+    let client = McpClient::connect(&gateway.url, TOKEN).await;
+    // Relayed as an error result (an HTTP status before any JSON-RPC answer) or refused as an
+    // unreadable answer: either way the call is unknown.
+    let receipt_id = match client.call("up.redirect", json!({})).await {
+        Ok(result) => {
+            assert_eq!(result.is_error, Some(true), "{result:?}");
+            meta(&result)["receipt_id"].clone()
+        }
+        Err(rmcp::ServiceError::McpError(error)) => error.data.unwrap()["receipt_id"].clone(),
+        Err(other) => panic!("{other:?}"),
+    };
+    let lost = receipt(&gateway, receipt_id.as_str().unwrap()).await;
+    assert_eq!(lost["outcome"], json!("unknown"), "{lost}");
+    assert_eq!(lost["attempt_count"], json!(1));
+    assert!(foreign.seen().is_empty(), "the redirect was followed");
+    assert_eq!(upstream.calls_to("redirect"), 1);
+}

@@ -42,6 +42,8 @@ struct Inner {
     down: Option<u16>,
     /// How long `initialize` takes to answer.
     slow_initialize: Duration,
+    /// Where `tools/call` of `redirect` sends the caller (307).
+    redirect_to: Option<String>,
 }
 
 #[derive(Clone)]
@@ -97,6 +99,7 @@ impl MockUpstream {
             version: "2025-06-18".into(),
             down: None,
             slow_initialize: Duration::ZERO,
+            redirect_to: None,
         }));
         let (notify, _) = broadcast::channel(16);
         let upstream = MockUpstream {
@@ -164,6 +167,11 @@ impl MockUpstream {
     /// does not get to its handshake).
     pub fn set_slow_initialize(&self, delay: Duration) {
         self.inner.lock().unwrap().slow_initialize = delay;
+    }
+
+    /// Makes `tools/call` of `redirect` answer 307 to `location` (a foreign origin).
+    pub fn set_redirect(&self, location: &str) {
+        self.inner.lock().unwrap().redirect_to = Some(location.to_owned());
     }
 
     pub fn set_slow(&self, delay: Duration) {
@@ -321,14 +329,14 @@ async fn post(
         }
         "tools/call" => {
             let tool = params["name"].as_str().unwrap_or_default().to_owned();
-            let slow = {
+            let (slow, redirect_to) = {
                 let mut inner = upstream.inner.lock().unwrap();
                 inner.calls.push(Call {
                     tool: tool.clone(),
                     arguments: params["arguments"].clone(),
                     headers: seen,
                 });
-                inner.slow
+                (inner.slow, inner.redirect_to.clone())
             };
             let text = |text: &str| json!([{ "type": "text", "text": text }]);
             match tool.as_str() {
@@ -376,6 +384,11 @@ async fn post(
                     None,
                 ),
                 "busy" => StatusCode::SERVICE_UNAVAILABLE.into_response(),
+                "redirect" => (
+                    StatusCode::TEMPORARY_REDIRECT,
+                    [("location", redirect_to.unwrap_or_default())],
+                )
+                    .into_response(),
                 _ => json_response(
                     result(json!({ "content": text(&format!("{tool} done")) })),
                     None,
