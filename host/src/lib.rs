@@ -6,6 +6,7 @@
 //! - [`policy`]: virtual keys and what each may list and call.
 //! - [`approvals`]: tickets, signed tokens and owner tokens for held destructive calls.
 //! - [`catalog`]: connectors, their validated manifests, `connector.tool` names, snapshots.
+//! - [`progressive`]: `search_tools` ranking for keys in progressive mode.
 //! - [`idempotency`]: idempotency keys, canonical request hashes, exact numbers.
 //! - [`invoke`]: the invocation lifecycle: one short driver of typed phases, a file per phase.
 //! - [`runtime`]: the wasmtime sandbox a connector's `prepare` and `interpret` run in.
@@ -40,6 +41,7 @@ pub mod mcp;
 pub mod names;
 pub mod outbound;
 pub mod policy;
+pub mod progressive;
 #[cfg(test)]
 mod properties;
 pub mod runtime;

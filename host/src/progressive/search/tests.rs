@@ -1,0 +1,98 @@
+//! The relevance set: 37 queries a user might type, each with the tool they mean, written
+//! before the ranking was tuned (paraphrases that share no word with the tool's name, typos,
+//! a bare connector prefix), over a catalog of 172 realistic tools across 40 vendors.
+
+use super::*;
+
+fn catalog() -> Index {
+    Index::build(
+        include_str!("catalog.txt")
+            .lines()
+            .filter_map(|line| line.split_once('|'))
+            .map(|(name, description)| Entry {
+                name: name.to_owned(),
+                description: description.to_owned(),
+            })
+            .collect(),
+    )
+}
+
+fn queries() -> Vec<(&'static str, &'static str)> {
+    include_str!("queries.txt")
+        .lines()
+        .filter_map(|line| line.split_once('|'))
+        .collect()
+}
+
+#[test]
+fn the_relevance_floor_is_top_5_at_least_90_percent() {
+    let index = catalog();
+    assert!(index.len() >= 170);
+    let queries = queries();
+    assert!(queries.len() >= 30);
+    let (mut top1, mut top5, mut misses) = (0, 0, Vec::new());
+    for (query, wanted) in &queries {
+        let hits: Vec<&str> = index
+            .search(query, |_| true, 20)
+            .into_iter()
+            .map(|id| index.entry(id).name.as_str())
+            .collect();
+        match hits.iter().position(|name| name == wanted) {
+            Some(0) => {
+                top1 += 1;
+                top5 += 1;
+            }
+            Some(rank) if rank < 5 => top5 += 1,
+            rank => misses.push(format!(
+                "{query:?}: {wanted} at {rank:?}; got {:?}",
+                &hits[..hits.len().min(5)]
+            )),
+        }
+    }
+    let n = queries.len();
+    println!(
+        "search relevance: top-1 {top1}/{n} ({:.0} %), top-5 {top5}/{n} ({:.0} %)",
+        100.0 * top1 as f64 / n as f64,
+        100.0 * top5 as f64 / n as f64
+    );
+    assert!(top5 * 10 >= n * 9, "top-5 {top5}/{n}; misses: {misses:#?}");
+}
+
+#[test]
+fn a_bare_connector_prefix_surfaces_that_connector_first() {
+    let index = catalog();
+    let hits = index.search("github", |_| true, 20);
+    assert!(hits.len() >= 10);
+    for id in &hits[..10] {
+        assert!(
+            index.entry(*id).name.starts_with("github."),
+            "{}",
+            index.entry(*id).name
+        );
+    }
+}
+
+#[test]
+fn hidden_tools_never_appear_and_do_not_change_the_order_of_the_rest() {
+    let index = catalog();
+    let all = index.search("delete a file", |_| true, 20);
+    let hidden = all[0];
+    let filtered = index.search("delete a file", |id| id != hidden, 20);
+    assert!(!filtered.contains(&hidden));
+    let without: Vec<usize> = all.iter().copied().filter(|id| *id != hidden).collect();
+    assert_eq!(filtered, without[..filtered.len()].to_vec());
+}
+
+#[test]
+fn words_split_names_and_fold_plurals() {
+    assert_eq!(
+        words("github.issues.add_labels"),
+        ["github", "issue", "add", "label"]
+    );
+    assert_eq!(
+        words("postMessage to the Channels"),
+        ["post", "message", "channel"]
+    );
+    assert!(within("refnd", "refund", 1));
+    assert!(!within("refund", "charge", 2));
+}
