@@ -88,6 +88,9 @@ pub type Snapshot = HashMap<UpstreamId, Listed>;
 #[derive(Debug, Default)]
 pub struct WorkspaceCatalog {
     pub routes: BTreeMap<String, Arc<Route>>,
+    /// `search_tools`' index over every route (entry `i` is the route named `entries[i]`);
+    /// a key only ever sees the hits its view allows.
+    search: crate::progressive::search::Index,
     /// Upstreams that could not be listed, in a `fail_closed` workspace: its listing fails.
     pub unavailable: Vec<String>,
 }
@@ -226,10 +229,20 @@ impl Catalog {
                     );
                 }
             }
+            let search = crate::progressive::search::Index::build(
+                routes
+                    .values()
+                    .map(|route| crate::progressive::search::Entry {
+                        name: route.name.as_str().to_owned(),
+                        description: route.tool().description.clone(),
+                    })
+                    .collect(),
+            );
             catalog.workspaces.insert(
                 workspace.id.clone(),
                 WorkspaceCatalog {
                     routes,
+                    search,
                     unavailable,
                 },
             );
@@ -253,6 +266,26 @@ impl Catalog {
             .expect("views lock")
             .insert(key.hash, Arc::clone(&view));
         view
+    }
+
+    /// Up to `limit` tools of the key's view that best match `query` (`search_tools`). Only
+    /// tools the key may call are ranked at all, so a hidden tool can neither show nor move
+    /// the others.
+    pub fn search(&self, key: &VirtualKey, query: &str, limit: usize) -> Vec<Arc<Route>> {
+        let Some(workspace) = self.workspaces.get(&key.workspace) else {
+            return Vec::new();
+        };
+        let view = self.view(key);
+        let index = &workspace.search;
+        index
+            .search(
+                query,
+                |id| view.verdicts.contains_key(&index.entry(id).name),
+                limit,
+            )
+            .into_iter()
+            .filter_map(|id| workspace.routes.get(&index.entry(id).name).cloned())
+            .collect()
     }
 
     /// The `tools/list` result for a key, as JSON text; refused while a `fail_closed`

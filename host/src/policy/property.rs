@@ -162,6 +162,41 @@ fn listing_and_calling_agree_over_a_thousand_generated_cases() {
         let calling_catalog = catalog(&connectors, publication, environment(&case));
         let context = || format!("case {}\n{publication}key {case:?}", case.number);
 
+        // search_tools (progressive mode) ranks over the same view: whatever a key can find
+        // it can call, and it can find every tool it can call by its name.
+        let callable_names: std::collections::BTreeSet<&str> = names
+            .iter()
+            .filter(|name| callable(&calling_catalog, &key, name).is_some())
+            .map(String::as_str)
+            .collect();
+        for query in [
+            "alpha",
+            "beta",
+            "gamma",
+            "read",
+            "items list",
+            "delete",
+            "purge",
+            "x",
+        ] {
+            for found in listing_catalog.search(&key, query, 20) {
+                assert!(
+                    callable_names.contains(found.name.as_str()),
+                    "search {query:?} found {} which the key cannot call\n{}",
+                    found.name,
+                    context()
+                );
+            }
+        }
+        for name in &callable_names {
+            let found = listing_catalog.search(&key, name, 20);
+            assert!(
+                found.iter().any(|route| route.name.as_str() == *name),
+                "searching {name:?} did not find it\n{}",
+                context()
+            );
+        }
+
         let listing: serde_json::Value =
             serde_json::from_str(&listing_catalog.listing(&key).unwrap()).unwrap();
         let mut listed: Vec<String> = listing["tools"]
