@@ -1036,7 +1036,7 @@ async fn upstream_pass_through() {
     );
 }
 
-/// `search_tools` ranking over 10,000 visible tools: the relevance catalog's 172 tools under 59
+/// `search_tools` ranking over 10,000 visible tools: the relevance catalog's 255 tools under 40
 /// prefixes each, queried with the relevance set's queries in turn.
 fn search_over_10000_tools() {
     use obol::progressive::search::{Entry, Index};
@@ -1046,7 +1046,7 @@ fn search_over_10000_tools() {
         .filter_map(|line| line.split_once('|').map(|(q, _)| q))
         .collect();
     let mut entries = Vec::new();
-    for copy in 0..59 {
+    for copy in 0..40 {
         for (name, description) in catalog.lines().filter_map(|l| l.split_once('|')) {
             entries.push(Entry {
                 name: format!("c{copy}{name}"),

@@ -216,10 +216,19 @@ impl Index {
         for word in words(query) {
             let known = self.postings.contains_key(&word);
             if !known && word.chars().count() >= 4 {
-                let limit = if word.chars().count() >= 8 { 2 } else { 1 };
-                for indexed in self.postings.keys() {
-                    if within(&word, indexed, limit) {
-                        add(indexed.clone(), TYPO_WEIGHT);
+                // Only the closest corrections: a word one edit away beats every word two away.
+                let longest = if word.chars().count() >= 8 { 2 } else { 1 };
+                for limit in 1..=longest {
+                    let near: Vec<&String> = self
+                        .postings
+                        .keys()
+                        .filter(|indexed| within(&word, indexed, limit))
+                        .collect();
+                    if !near.is_empty() {
+                        for indexed in near {
+                            add(indexed.clone(), TYPO_WEIGHT);
+                        }
+                        break;
                     }
                 }
             }

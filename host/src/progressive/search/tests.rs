@@ -1,6 +1,6 @@
 //! The relevance set: 37 queries a user might type, each with the tool they mean, written
 //! before the ranking was tuned (paraphrases that share no word with the tool's name, typos,
-//! a bare connector prefix), over a catalog of 172 realistic tools across 40 vendors.
+//! a bare connector prefix), over a catalog of 255 realistic tools across 90 vendors.
 
 use super::*;
 
@@ -27,7 +27,7 @@ fn queries() -> Vec<(&'static str, &'static str)> {
 #[test]
 fn the_relevance_floor_is_top_5_at_least_90_percent() {
     let index = catalog();
-    assert!(index.len() >= 170);
+    assert!(index.len() >= 250);
     let queries = queries();
     assert!(queries.len() >= 30);
     let (mut top1, mut top5, mut misses) = (0, 0, Vec::new());
@@ -79,8 +79,10 @@ fn hidden_tools_never_appear_and_do_not_change_the_order_of_the_rest() {
     let hidden = all[0];
     let filtered = index.search("delete a file", |id| id != hidden, 20);
     assert!(!filtered.contains(&hidden));
+    // The others keep their order; one more may slide in at the end.
     let without: Vec<usize> = all.iter().copied().filter(|id| *id != hidden).collect();
-    assert_eq!(filtered, without[..filtered.len()].to_vec());
+    let n = without.len().min(filtered.len());
+    assert_eq!(filtered[..n], without[..n]);
 }
 
 #[test]
