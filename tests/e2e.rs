@@ -11,6 +11,7 @@
 //! - `lifecycle`: attempt accounting over every path, hang-ups, unrecorded outcomes, key echo.
 //! - `brokers`: federated connectors (Nango- and Composio-shaped) through a mock broker; the
 //!   host's retry-off directive, evidence classes; contract 0.1.0 components.
+//! - `progressive`: progressive mode (`search_tools`, `call_tool`) through rmcp's client.
 //! - `upstreams`: remote MCP servers (`kind = "mcp"`): a misbehaving mock and the official
 //!   reference server, through the same lifecycle.
 
@@ -23,6 +24,7 @@ mod hostile;
 mod idempotency;
 mod lifecycle;
 mod policy;
+mod progressive;
 mod python_client;
 mod redis_store;
 mod sandboxing;

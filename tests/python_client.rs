@@ -96,3 +96,71 @@ async fn the_official_python_sdk_sees_the_hold_and_resumes() {
     assert_eq!(done["isError"], false, "{done}");
     assert_eq!(vendor.count("/v1/refunds"), 1);
 }
+
+/// Progressive mode as the official SDK sees it: two tools listed, a paraphrase found through
+/// `search_tools`, the hit called through `call_tool`, held for approval like the direct
+/// call, and resumed with the approval headers on the same `call_tool`.
+#[tokio::test]
+async fn the_official_python_sdk_searches_calls_and_resumes_in_progressive_mode() {
+    let vendor = MockVendor::start().await;
+    vendor.on(
+        "/v1/refunds",
+        crate::support::Reply::json(
+            200,
+            serde_json::json!({"id": "re_py", "object": "refund", "amount": 700, "charge": "ch_py", "status": "succeeded"}),
+        ),
+    );
+    let mut config = crate::approvals::prod_config(&vendor);
+    config.keys[0].tools_mode = Some("progressive".into());
+    let gateway = GatewayProcess::start(&config);
+    let key = crate::idempotency::key("python-progressive");
+    let agent = crate::approvals::AGENT.to_owned();
+    let query = "give the customer their money back".to_owned();
+    let held = run_script(
+        "progressive.py",
+        vec![
+            gateway.url.clone(),
+            agent.clone(),
+            key.clone(),
+            query.clone(),
+        ],
+    )
+    .await;
+    assert_eq!(
+        held["tools"],
+        serde_json::json!(["call_tool", "search_tools"]),
+        "{held}"
+    );
+    assert_eq!(held["hits"][0], "stripe.create_refund", "{held}");
+    // The key may call two stripe tools; nothing else is found.
+    assert!(
+        held["hits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|hit| hit == "stripe.create_refund" || hit == "stripe.charges.list"),
+        "{held}"
+    );
+    assert!(
+        held["first_schema"]["properties"]["charge"].is_object(),
+        "{held}"
+    );
+    assert_eq!(held["call"]["code"], -32003, "{held}");
+    let approval = &held["call"]["data"]["approval"];
+    assert_eq!(approval["tool"], "stripe.create_refund", "{held}");
+    assert_eq!(vendor.count("/v1/refunds"), 0);
+
+    let id = approval["approval_id"].as_str().unwrap().to_owned();
+    let token = crate::approvals::approve(&gateway, &id).await;
+    let done = run_script(
+        "progressive.py",
+        vec![gateway.url.clone(), agent, key, query, id, token],
+    )
+    .await;
+    assert_eq!(done["call"]["isError"], false, "{done}");
+    assert!(
+        done["call"]["text"].as_str().unwrap().contains("re_py"),
+        "{done}"
+    );
+    assert_eq!(vendor.count("/v1/refunds"), 1);
+}

@@ -199,6 +199,7 @@ async fn store_alone(redis: &Redis) {
                     approval: ApprovalBasis::NotRequired,
                     evidence: EvidenceClass::GatewayObserved,
                     route: Default::default(),
+                    capability: None,
                 },
                 Opening::Reserved {
                     lease_until_ms: now_ms() + 60_000,
@@ -257,6 +258,7 @@ async fn store_alone(redis: &Redis) {
                 approval: ApprovalBasis::NotRequired,
                 evidence: EvidenceClass::GatewayObserved,
                 route: Default::default(),
+                capability: None,
             };
             let record = ClaimRecord::open(
                 Pin::new(
@@ -298,6 +300,7 @@ async fn store_alone(redis: &Redis) {
                 policy_publication: None,
                 matched_policies: Vec::new(),
                 approval_id: None,
+                capability: None,
                 key_name: None,
                 refusal: false,
                 created_at_ms: now_ms(),
@@ -420,6 +423,8 @@ fn listing_over_1000_tools() {
         scopes: vec![Scope::Mcp],
         filter: None,
         policy: PolicyPin::Latest,
+        tools_mode: Default::default(),
+        capability_pins: Default::default(),
     };
     let mut samples = Vec::new();
     let mut size = 0;

@@ -11,6 +11,12 @@
 //!   text) as the workspace's next number. Publications are immutable; keys pinned to
 //!   `latest` move to it on their next request, without a restart.
 //! * `GET /v1/admin/workspaces/{id}/publications` — the numbers and where each came from.
+//! * `PUT /v1/admin/keys/{name}/capability_pins` — an API key's pins, replaced whole
+//!   (`{"cap.refund": "stripe-eu"}`): new calls of a pinned capability go to that connection's
+//!   provider first. Retries of earlier calls keep the route their slot recorded.
+//! * `PUT /v1/admin/workspaces/{id}/capabilities/{name}` — declare or replace a capability
+//!   (the body as in `[[workspaces.capabilities]]`, in JSON); `DELETE` the same path removes
+//!   it; `GET /v1/admin/workspaces/{id}/capabilities` lists them with where each came from.
 //!
 //! Records live in the store's registry, so they survive restarts and, on Redis, reach every
 //! gateway within [`REGISTRY_POLL`]. Refusals are [`ObolError`]s, rendered like every other
@@ -55,6 +61,16 @@ pub struct StoredPublication {
     pub number: u32,
     pub policies: String,
     pub published_at_ms: u64,
+}
+
+/// A capability declared through the API, as stored (`removed_at_ms` once deleted: the
+/// registry keeps every record).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StoredCapability {
+    pub workspace: String,
+    pub spec: crate::catalog::CapabilitySpec,
+    pub updated_at_ms: u64,
+    pub removed_at_ms: Option<u64>,
 }
 
 /// What this gateway has seen of the registry, kept across refreshes: a revocation or a
@@ -127,6 +143,7 @@ impl Seen {
 pub struct Records {
     keys: Vec<StoredKey>,
     publications: Vec<StoredPublication>,
+    capabilities: Vec<StoredCapability>,
 }
 
 impl Records {
@@ -149,7 +166,23 @@ impl Records {
                 Err(problem) => unreadable("publications", &name, problem),
             }
         }
+        for (name, text) in store.registry(Registry::Capabilities).await? {
+            match serde_json::from_str(&text) {
+                Ok(capability) => records.capabilities.push(capability),
+                Err(problem) => unreadable("capabilities", &name, problem),
+            }
+        }
         Ok(records)
+    }
+
+    /// The workspace's API capabilities that are not removed, as specs (each was checked
+    /// when it was stored; the catalog reports a provider that no longer fits).
+    pub fn capabilities(&self, workspace: &str) -> Vec<&crate::catalog::CapabilitySpec> {
+        self.capabilities
+            .iter()
+            .filter(|c| c.workspace == workspace && c.removed_at_ms.is_none())
+            .map(|c| &c.spec)
+            .collect()
     }
 
     /// The API keys that are not revoked and still valid against the config's workspaces.
@@ -184,6 +217,18 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
     Router::new()
         .route("/v1/admin/keys", get(list_keys).post(create_key))
         .route("/v1/admin/keys/{name}", delete(revoke_key))
+        .route(
+            "/v1/admin/keys/{name}/capability_pins",
+            axum::routing::put(set_pins),
+        )
+        .route(
+            "/v1/admin/workspaces/{id}/capabilities",
+            get(list_capabilities),
+        )
+        .route(
+            "/v1/admin/workspaces/{id}/capabilities/{name}",
+            axum::routing::put(put_capability).delete(remove_capability),
+        )
         .route(
             "/v1/admin/workspaces/{id}/publications",
             get(list_publications).post(publish),
@@ -368,6 +413,16 @@ fn configured<'g>(
         .ok_or_else(|| Box::new(ObolError::NotFound("workspace").to_rest_response()))
 }
 
+/// The admin token, then the configured workspace the path names.
+fn workspace_admin<'g>(
+    gateway: &'g Gateway,
+    headers: &HeaderMap,
+    workspace: &str,
+) -> Result<&'g WorkspaceConfig, Box<Response>> {
+    authorize(gateway, headers)?;
+    configured(gateway, workspace)
+}
+
 /// The registry name of a publication: sorts by workspace, then number.
 fn publication_name(workspace: &str, number: u32) -> String {
     format!("{workspace}/{number:010}")
@@ -379,12 +434,9 @@ async fn publish(
     Path(workspace): Path<String>,
     body: String,
 ) -> Response {
-    if let Err(refused) = authorize(&gateway, &headers) {
-        return *refused;
-    }
-    let config = match configured(&gateway, &workspace) {
+    let config = match workspace_admin(&gateway, &headers, &workspace) {
         Ok(config) => config,
-        Err(missing) => return *missing,
+        Err(refused) => return *refused,
     };
     let store = &gateway.services.store;
     // The next number after every existing one; a concurrent publisher that took it first
@@ -451,12 +503,9 @@ async fn list_publications(
     headers: HeaderMap,
     Path(workspace): Path<String>,
 ) -> Response {
-    if let Err(refused) = authorize(&gateway, &headers) {
-        return *refused;
-    }
-    let config = match configured(&gateway, &workspace) {
+    let config = match workspace_admin(&gateway, &headers, &workspace) {
         Ok(config) => config,
-        Err(missing) => return *missing,
+        Err(refused) => return *refused,
     };
     let records = match Records::read(&gateway.services.store).await {
         Ok(records) => records,
@@ -475,4 +524,187 @@ async fn list_publications(
         .map(|(number, source)| json!({ "number": number, "source": source }))
         .collect();
     axum::Json(json!({ "workspace": workspace, "publications": publications })).into_response()
+}
+
+async fn set_pins(
+    State(gateway): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    body: axum::body::Bytes,
+) -> Response {
+    if let Err(refused) = authorize(&gateway, &headers) {
+        return *refused;
+    }
+    if gateway.config_keys().iter().any(|k| k.name == name) {
+        return ObolError::DefinedInConfig.to_rest_response();
+    }
+    let pins: BTreeMap<String, String> = match serde_json::from_slice(&body) {
+        Ok(pins) => pins,
+        Err(e) => {
+            return invalid(format!(
+                "the body is an object of capability → connection id: {e}"
+            ));
+        }
+    };
+    let store = &gateway.services.store;
+    let stored = match store.registry(Registry::Keys).await {
+        Ok(stored) => stored,
+        Err(cause) => return store_unavailable("reading keys to pin one", &cause),
+    };
+    let Some(mut record) = stored
+        .get(&name)
+        .and_then(|text| serde_json::from_str::<StoredKey>(text).ok())
+        .filter(|record| record.revoked_at_ms.is_none())
+    else {
+        return ObolError::NotFound("key").to_rest_response();
+    };
+    record.spec.capability_pins = pins;
+    if let Err(problem) = record.spec.clone().parse(gateway.config_workspaces()) {
+        return invalid(problem);
+    }
+    let text = serde_json::to_string(&record).expect("plain data");
+    if let Err(cause) = store.registry_put(Registry::Keys, &name, &text).await {
+        return store_unavailable("storing a key's pins", &cause);
+    }
+    if let Err(cause) = gateway.refresh_registry().await {
+        return store_unavailable("re-reading the registry after pinning", &cause);
+    }
+    tracing::info!(key = %name, "capability pins changed through the admin API");
+    axum::Json(json!({ "name": name, "capability_pins": record.spec.capability_pins }))
+        .into_response()
+}
+
+/// The registry name of a capability.
+fn capability_name(workspace: &str, name: &str) -> String {
+    format!("{workspace}/{name}")
+}
+
+async fn put_capability(
+    State(gateway): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    Path((workspace, name)): Path<(String, String)>,
+    body: axum::body::Bytes,
+) -> Response {
+    let config = match workspace_admin(&gateway, &headers, &workspace) {
+        Ok(config) => config,
+        Err(refused) => return *refused,
+    };
+    let spec: crate::catalog::CapabilitySpec = match serde_json::from_slice(&body) {
+        Ok(spec) => spec,
+        Err(e) => return invalid(format!("the body is not a capability: {e}")),
+    };
+    if spec.name != name {
+        return invalid("the body's name differs from the path's");
+    }
+    if let Err(problem) = spec.parse(gateway.environment()) {
+        return invalid(problem);
+    }
+    if config.capabilities.iter().any(|c| c.name.as_str() == name) {
+        return ObolError::Conflict("this capability is declared in the config file")
+            .to_rest_response();
+    }
+    let record = StoredCapability {
+        workspace: workspace.clone(),
+        spec,
+        updated_at_ms: now_ms(),
+        removed_at_ms: None,
+    };
+    store_capability(&gateway, &record, "stored").await
+}
+
+async fn remove_capability(
+    State(gateway): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    Path((workspace, name)): Path<(String, String)>,
+) -> Response {
+    if let Err(refused) = workspace_admin(&gateway, &headers, &workspace) {
+        return *refused;
+    }
+    let records = match Records::read(&gateway.services.store).await {
+        Ok(records) => records,
+        Err(cause) => return store_unavailable("reading capabilities", &cause),
+    };
+    let Some(spec) = records
+        .capabilities(&workspace)
+        .into_iter()
+        .find(|spec| spec.name == name)
+        .cloned()
+    else {
+        return ObolError::NotFound("capability").to_rest_response();
+    };
+    let now = now_ms();
+    let record = StoredCapability {
+        workspace,
+        spec,
+        updated_at_ms: now,
+        removed_at_ms: Some(now),
+    };
+    store_capability(&gateway, &record, "removed").await
+}
+
+async fn store_capability(gateway: &Gateway, record: &StoredCapability, done: &str) -> Response {
+    let text = serde_json::to_string(record).expect("plain data");
+    let name = capability_name(&record.workspace, &record.spec.name);
+    if let Err(cause) = gateway
+        .services
+        .store
+        .registry_put(Registry::Capabilities, &name, &text)
+        .await
+    {
+        return store_unavailable("storing a capability", &cause);
+    }
+    if let Err(cause) = gateway.refresh_registry().await {
+        return store_unavailable("re-reading the registry after a capability", &cause);
+    }
+    tracing::info!(workspace = %record.workspace, capability = %record.spec.name, "capability {done} through the admin API");
+    axum::Json(json!({
+        "workspace": record.workspace,
+        "name": record.spec.name,
+        "status": done,
+    }))
+    .into_response()
+}
+
+async fn list_capabilities(
+    State(gateway): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    Path(workspace): Path<String>,
+) -> Response {
+    let config = match workspace_admin(&gateway, &headers, &workspace) {
+        Ok(config) => config,
+        Err(refused) => return *refused,
+    };
+    let records = match Records::read(&gateway.services.store).await {
+        Ok(records) => records,
+        Err(cause) => return store_unavailable("listing capabilities", &cause),
+    };
+    // What the current snapshot made of each: the providers that fit, in routing order.
+    let catalog = gateway.catalog();
+    let providers = |name: &str| -> Vec<String> {
+        catalog
+            .route(&workspace, name)
+            .and_then(|route| route.capability())
+            .map(|c| {
+                c.providers
+                    .iter()
+                    .map(|p| p.route.name.to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let capabilities: Vec<_> = config
+        .capabilities
+        .iter()
+        .map(|c| (c.name.to_string(), "config"))
+        .chain(
+            records
+                .capabilities(&workspace)
+                .into_iter()
+                .map(|spec| (spec.name.clone(), "admin")),
+        )
+        .map(|(name, source)| {
+            json!({ "name": name, "source": source, "providers": providers(&name) })
+        })
+        .collect();
+    axum::Json(json!({ "workspace": workspace, "capabilities": capabilities })).into_response()
 }

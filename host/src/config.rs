@@ -10,7 +10,8 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::policy::{
-    Environment, KeyHash, PolicyPin, Publication, Scope, ToolFilter, ToolGlob, VirtualKey,
+    Environment, KeyHash, PolicyPin, Publication, Scope, ToolFilter, ToolGlob, ToolsMode,
+    VirtualKey,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -54,6 +55,8 @@ pub struct Config {
     pub approvals: ApprovalsConfig,
     /// The sha256 of the admin API's bearer token; `None` disables the admin API.
     pub admin: Option<KeyHash>,
+    /// When a capability provider's breaker opens (`[routing]`).
+    pub breaker: crate::capability::breaker::BreakerPolicy,
 }
 
 /// Approval tokens and the inbox.
@@ -156,6 +159,8 @@ pub struct WorkspaceConfig {
     pub publications: Vec<Arc<Publication>>,
     /// What a listing does when an MCP upstream does not answer (`upstream_failure`).
     pub upstream_failure: UpstreamFailure,
+    /// Capabilities (`cap.NAME`), from the config and the admin API.
+    pub capabilities: Vec<Arc<crate::catalog::Declared>>,
 }
 
 /// What `tools/list` does when one of the workspace's MCP upstreams cannot be listed.
@@ -196,6 +201,8 @@ pub enum ConnectionKind {
     },
     /// A remote Streamable HTTP MCP server (`kind = "mcp"`).
     Mcp(Arc<McpUpstream>),
+    /// The gateway itself, serving its own tools (`search_tools`). Never configured.
+    Virtual,
 }
 
 /// A remote MCP server and what the operator says about its tools (ADR-0045).
@@ -293,9 +300,16 @@ impl std::fmt::Debug for UpstreamUrl {
 impl ConnectionConfig {
     /// The first part of every tool name this connection serves.
     pub fn prefix(&self) -> &str {
-        match &self.kind {
+        self.kind.prefix()
+    }
+}
+
+impl ConnectionKind {
+    fn prefix(&self) -> &str {
+        match self {
             ConnectionKind::Component { connector, .. } => connector,
             ConnectionKind::Mcp(upstream) => &upstream.prefix,
+            ConnectionKind::Virtual => "",
         }
     }
 }
@@ -387,6 +401,18 @@ struct File {
     approvals: ApprovalsFile,
     #[serde(default)]
     admin: AdminFile,
+    #[serde(default)]
+    routing: RoutingFile,
+}
+
+/// `[routing]`: the circuit breaker capability providers are routed by.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RoutingFile {
+    /// Consecutive failed attempts (unreachable, no answer, retryable status) that open it.
+    breaker_failures: Option<u32>,
+    /// How long it stays open before one call probes the provider again.
+    breaker_cooldown_ms: Option<u64>,
 }
 
 #[derive(Deserialize, Default)]
@@ -579,6 +605,8 @@ struct WorkspaceFile {
     publications: Vec<PublicationFile>,
     /// `skip` (default) or `fail_closed`.
     upstream_failure: Option<String>,
+    #[serde(default)]
+    capabilities: Vec<crate::catalog::CapabilitySpec>,
 }
 
 #[derive(Deserialize)]
@@ -882,6 +910,9 @@ pub struct KeySpec {
     pub filter: Option<String>,
     /// The policy publication to evaluate: `"latest"` (default) or a number.
     pub policy: Option<String>,
+    /// Capability → the connection id its calls go to first (`{"cap.refund" = "stripe-eu"}`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub capability_pins: BTreeMap<String, String>,
 }
 
 impl KeySpec {
@@ -896,21 +927,13 @@ impl KeySpec {
                 self.name, self.workspace
             ));
         }
-        match self.tools_mode.as_deref() {
-            None | Some("full") => {}
-            Some("progressive") => {
-                return Err(format!(
-                    "key {:?}: tools_mode \"progressive\" is not available yet; use \"full\"",
-                    self.name
-                ));
-            }
-            Some(other) => {
-                return Err(format!(
-                    "key {:?}: unknown tools_mode {other:?} (expected \"full\")",
-                    self.name
-                ));
-            }
-        }
+        let tools_mode = self
+            .tools_mode
+            .as_deref()
+            .map(ToolsMode::parse)
+            .transpose()
+            .map_err(|e| format!("key {:?}: {e}", self.name))?
+            .unwrap_or_default();
         let allowed_tools = self
             .allowed_tools
             .iter()
@@ -940,6 +963,19 @@ impl KeySpec {
             .transpose()
             .map_err(|e| format!("key {:?}: {e}", self.name))?
             .unwrap_or(PolicyPin::Latest);
+        for (capability, connection) in &self.capability_pins {
+            crate::catalog::ToolName::parse(capability)
+                .filter(|name| name.connector() == crate::catalog::CAPABILITY_PREFIX)
+                .ok_or_else(|| {
+                    format!(
+                        "key {:?}: capability_pins names {}, which is not a capability (cap.NAME)",
+                        self.name,
+                        crate::names::shown(capability)
+                    )
+                })?;
+            crate::names::check("connection id", connection)
+                .map_err(|e| format!("key {:?}: capability_pins: {e}", self.name))?;
+        }
         Ok(VirtualKey {
             name: self.name,
             hash,
@@ -949,6 +985,8 @@ impl KeySpec {
             scopes,
             filter,
             policy,
+            tools_mode,
+            capability_pins: self.capability_pins,
         })
     }
 }
@@ -1015,10 +1053,13 @@ impl Config {
             for mut connection in workspace.connections {
                 crate::names::check("connection id", &connection.id).map_err(invalid)?;
                 let kind = connection.kind().map_err(invalid)?;
-                let prefix = match &kind {
-                    ConnectionKind::Component { connector, .. } => connector.as_str(),
-                    ConnectionKind::Mcp(upstream) => upstream.prefix.as_str(),
-                };
+                let prefix = kind.prefix();
+                if prefix == crate::catalog::CAPABILITY_PREFIX {
+                    return Err(invalid(format!(
+                        "workspace {:?}: connection {:?}: the prefix \"cap\" is reserved for capabilities (cap.NAME)",
+                        workspace.id, connection.id
+                    )));
+                }
                 // One connection per prefix in a workspace (a component's prefix is its
                 // connector's name), so every tool name says which connection serves it.
                 if let Some(existing) = connections
@@ -1112,6 +1153,19 @@ impl Config {
                     )));
                 }
             };
+            let mut capabilities: Vec<Arc<crate::catalog::Declared>> = Vec::new();
+            for spec in &workspace.capabilities {
+                let declared = spec
+                    .parse(environment)
+                    .map_err(|e| invalid(format!("workspace {:?}: {e}", workspace.id)))?;
+                if capabilities.iter().any(|c| c.name == declared.name) {
+                    return Err(invalid(format!(
+                        "workspace {:?}: capability {} is declared twice",
+                        workspace.id, declared.name
+                    )));
+                }
+                capabilities.push(Arc::new(declared));
+            }
             workspaces.push(WorkspaceConfig {
                 id: workspace.id,
                 frozen: workspace.frozen,
@@ -1119,6 +1173,7 @@ impl Config {
                 connections,
                 publications,
                 upstream_failure,
+                capabilities,
             });
         }
 
@@ -1276,6 +1331,24 @@ impl Config {
             },
             workspaces,
             keys,
+            breaker: {
+                let defaults = crate::capability::breaker::BreakerPolicy::default();
+                crate::capability::breaker::BreakerPolicy {
+                    failures: match file.routing.breaker_failures {
+                        Some(0) => {
+                            return Err(invalid(
+                                "[routing] breaker_failures must be at least 1".into(),
+                            ));
+                        }
+                        Some(failures) => failures,
+                        None => defaults.failures,
+                    },
+                    cooldown: file
+                        .routing
+                        .breaker_cooldown_ms
+                        .map_or(defaults.cooldown, ms),
+                }
+            },
             sandbox: file.sandbox.map(|s| s.listen),
             approvals,
             admin: file
@@ -1386,22 +1459,29 @@ mod tests {
     }
 
     #[test]
-    fn progressive_mode_is_refused_with_a_clear_error() {
-        let err = parse(&format!(
-            r#"
-            [[workspaces]]
-            id = "acme"
-            [[keys]]
-            name = "k"
-            hash = "{KEY}"
-            workspace = "acme"
-            environment = "dev"
-            tools_mode = "progressive"
-            "#
-        ))
-        .unwrap_err();
-        assert!(err.contains("progressive"), "{err}");
-        assert!(err.contains("not available"), "{err}");
+    fn tools_mode_is_parsed_and_an_unknown_mode_is_refused() {
+        let key = |mode: &str| {
+            parse(&format!(
+                r#"
+                [[workspaces]]
+                id = "acme"
+                [[keys]]
+                name = "k"
+                hash = "{KEY}"
+                workspace = "acme"
+                environment = "dev"
+                tools_mode = "{mode}"
+                "#
+            ))
+        };
+        let config = key("progressive").unwrap();
+        assert_eq!(config.keys[0].tools_mode, ToolsMode::Progressive);
+        assert_eq!(key("full").unwrap().keys[0].tools_mode, ToolsMode::Full);
+        let err = key("lazy").unwrap_err();
+        assert!(
+            err.contains("key \"k\": unknown tools_mode \"lazy\""),
+            "{err}"
+        );
     }
 
     #[test]

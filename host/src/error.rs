@@ -92,6 +92,10 @@ pub enum ObolError {
     /// A `fail_closed` workspace cannot list one of its MCP upstreams.
     #[error("MCP upstream {connection:?} cannot be listed; retry later")]
     UpstreamUnavailable { connection: String },
+    /// A capability the key can reach, none of whose providers it can reach is eligible now
+    /// (breakers open, upstreams down, other environments). Names nothing but the capability.
+    #[error("no provider of {capability} is eligible now; retry later")]
+    NoEligibleRoute { capability: String },
     #[error("the vendor's response exceeds {limit} bytes")]
     UpstreamResponseTooLarge { limit: usize },
     #[error("the connector's output exceeds {limit} bytes")]
@@ -166,6 +170,9 @@ pub enum ObolError {
 pub struct ApprovalNotice {
     pub approval_id: String,
     pub tool: String,
+    /// For a capability call: the provider tool it resolved to (the approval is for it only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
     /// RFC 3339, UTC.
     pub expires_at: String,
     pub inbox_url: String,
@@ -257,6 +264,7 @@ impl ObolError {
             UpstreamUnavailable { .. } => {
                 (RETRY_LATER, StatusCode::OK, "upstream_unavailable", true)
             }
+            NoEligibleRoute { .. } => (RETRY_LATER, StatusCode::OK, "no_eligible_route", true),
             CredentialUnavailable => (RETRY_LATER, StatusCode::OK, "credential_unavailable", true),
             IdempotencyConflict => (CALL_FAILED, StatusCode::OK, "idempotency_conflict", false),
             ComponentFailed(_) => (CALL_FAILED, StatusCode::OK, "component_failed", false),
@@ -464,6 +472,9 @@ mod tests {
         E::UpstreamUnavailable { .. } => E::UpstreamUnavailable {
             connection: String::new(),
         },
+        E::NoEligibleRoute { .. } => E::NoEligibleRoute {
+            capability: String::new(),
+        },
         E::UpstreamResponseTooLarge { .. } => E::UpstreamResponseTooLarge { limit: 1 },
         E::ComponentOutputTooLarge { .. } => E::ComponentOutputTooLarge { limit: 1 },
         E::OutputSchemaViolation => E::OutputSchemaViolation,
@@ -480,6 +491,7 @@ mod tests {
         E::ApprovalRequired(_) => E::ApprovalRequired(Box::new(ApprovalNotice {
             approval_id: String::new(),
             tool: String::new(),
+            provider: None,
             expires_at: String::new(),
             inbox_url: String::new(),
         })),

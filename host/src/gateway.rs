@@ -95,6 +95,7 @@ impl Gateway {
                 runtime,
                 outbound: Outbound::new(&config.outbound)?,
                 upstreams: Arc::new(upstreams),
+                breakers: crate::capability::breaker::Breakers::new(config.breaker),
                 store,
                 lease: config.store.lease,
                 inbox_base: public_url.clone(),
@@ -188,6 +189,11 @@ impl Gateway {
         &self.config_keys
     }
 
+    /// The environment this deployment serves.
+    pub fn environment(&self) -> crate::policy::Environment {
+        self.environment
+    }
+
     pub fn config_workspaces(&self) -> &[WorkspaceConfig] {
         &self.config_workspaces
     }
@@ -222,9 +228,23 @@ impl Gateway {
             workspace
                 .publications
                 .extend(seen.publications(&workspace.id));
+            for spec in records.capabilities(&workspace.id) {
+                match spec.parse(self.environment) {
+                    Ok(declared) => workspace.capabilities.push(Arc::new(declared)),
+                    Err(problem) => tracing::warn!("registry capability ignored: {problem}"),
+                }
+            }
         }
-        let count = |w: &[WorkspaceConfig]| w.iter().map(|w| w.publications.len()).sum::<usize>();
-        if count(&workspaces) != count(&self.workspaces()) {
+        // What a rebuild would change: the publications, and every capability as declared.
+        let signature = |w: &[WorkspaceConfig]| {
+            (
+                w.iter().map(|w| w.publications.len()).sum::<usize>(),
+                w.iter()
+                    .flat_map(|w| w.capabilities.iter().map(|c| format!("{c:?}")))
+                    .collect::<Vec<_>>(),
+            )
+        };
+        if signature(&workspaces) != signature(&self.workspaces()) {
             let workspaces = Arc::new(workspaces);
             *self.workspaces.write().expect("workspaces lock") = Arc::clone(&workspaces);
             let connectors = self.catalog().connectors.values().cloned().collect();

@@ -6,7 +6,9 @@
 //! - [`policy`]: virtual keys and what each may list and call.
 //! - [`approvals`]: tickets, signed tokens and owner tokens for held destructive calls.
 //! - [`catalog`]: connectors, their validated manifests, `connector.tool` names, snapshots.
-//! - [`progressive`]: `search_tools` ranking for keys in progressive mode.
+//! - [`progressive`]: `search_tools` and `call_tool`, what keys in progressive mode list.
+//! - [`capability`]: the router that resolves a `cap.*` call to one provider, and the circuit
+//!   breaker it reads.
 //! - [`idempotency`]: idempotency keys, canonical request hashes, exact numbers.
 //! - [`invoke`]: the invocation lifecycle: one short driver of typed phases, a file per phase.
 //! - [`runtime`]: the wasmtime sandbox a connector's `prepare` and `interpret` run in.
@@ -26,6 +28,7 @@
 pub mod admin;
 pub mod approvals;
 pub mod broker;
+pub mod capability;
 pub mod catalog;
 pub mod clock;
 pub mod config;

@@ -19,6 +19,8 @@ pub struct Key {
     pub filter: Option<String>,
     /// The policy publication to pin (`None`: latest).
     pub policy: Option<String>,
+    /// `full` or `progressive` (`None`: the default, full).
+    pub tools_mode: Option<String>,
 }
 
 impl Key {
@@ -31,6 +33,15 @@ impl Key {
             scopes: vec!["mcp".into(), "receipts".into()],
             filter: None,
             policy: None,
+            tools_mode: None,
+        }
+    }
+
+    /// A key in progressive mode (`search_tools` and `call_tool`).
+    pub fn progressive(token: &str, workspace: &str, allowed: &[&str]) -> Key {
+        Key {
+            tools_mode: Some("progressive".into()),
+            ..Key::new(token, workspace, allowed)
         }
     }
 }
@@ -238,6 +249,9 @@ impl GatewayConfig {
             }
             if let Some(policy) = &key.policy {
                 writeln!(toml, "policy = {policy:?}").unwrap();
+            }
+            if let Some(mode) = &key.tools_mode {
+                writeln!(toml, "tools_mode = {mode:?}").unwrap();
             }
         }
         match &self.store {

@@ -148,6 +148,10 @@ pub struct Ticket {
     pub created_at_ms: u64,
     pub expires_at_ms: u64,
     pub status: TicketStatus,
+    /// A capability call: `tool` is the capability, and this says which provider it resolved
+    /// to (the approver sees both; the token is for this provider only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capability: Option<crate::capability::router::Decision>,
 }
 
 impl Ticket {
@@ -171,6 +175,7 @@ impl ApprovalNotice {
         crate::error::ApprovalNotice {
             approval_id: ticket.id.to_string(),
             tool: ticket.tool.clone(),
+            provider: ticket.capability.as_ref().map(|d| d.provider.clone()),
             expires_at: rfc3339(ticket.expires_at_ms),
             inbox_url: format!("{}/inbox/{}", inbox_base.trim_end_matches('/'), ticket.id),
         }

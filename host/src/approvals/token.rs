@@ -235,6 +235,7 @@ mod tests {
 
     fn ticket(expires_at_ms: u64) -> Ticket {
         Ticket {
+            capability: None,
             id: ApprovalId::mint(),
             workspace: "acme".into(),
             key_name: "agent".into(),

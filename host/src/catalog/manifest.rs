@@ -110,6 +110,10 @@ pub enum RouteKind {
     Federated,
     /// A tool of a remote MCP server (ADR-0045).
     Mcp,
+    /// A tool the gateway answers itself from its catalog (`search_tools`).
+    Gateway,
+    /// A capability (`cap.NAME`), before it resolves to a provider.
+    Capability,
 }
 
 impl RouteKind {
@@ -119,6 +123,8 @@ impl RouteKind {
             RouteKind::Native => "native",
             RouteKind::Federated => "federated",
             RouteKind::Mcp => "mcp",
+            RouteKind::Gateway => "gateway",
+            RouteKind::Capability => "capability",
         }
     }
 }
@@ -293,10 +299,7 @@ impl JsonPointer {
     /// Sets the field, creating intermediate objects. Fails when the body is not a JSON object
     /// along the path.
     pub fn set(&self, body: &mut Value, value: Value) -> Result<(), String> {
-        let segments: Vec<String> = self.0[1..]
-            .split('/')
-            .map(|s| s.replace("~1", "/").replace("~0", "~"))
-            .collect();
+        let segments = self.segments();
         let (last, parents) = segments.split_last().expect("a pointer has a segment");
         let mut node = body;
         for segment in parents {
@@ -316,6 +319,19 @@ impl JsonPointer {
 
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// The reference tokens, unescaped (`~1` is `/`, `~0` is `~`).
+    pub fn segments(&self) -> Vec<String> {
+        self.0[1..]
+            .split('/')
+            .map(|s| s.replace("~1", "/").replace("~0", "~"))
+            .collect()
+    }
+
+    /// The value the pointer names in `value`, if there is one.
+    pub fn get<'v>(&self, value: &'v Value) -> Option<&'v Value> {
+        value.pointer(&self.0)
     }
 
     #[cfg(test)]
@@ -404,6 +420,7 @@ impl Propagation {
 }
 
 /// A compiled JSON Schema with its source kept for listing.
+#[derive(Clone)]
 pub struct Schema {
     pub source: Value,
     validator: jsonschema::Validator,

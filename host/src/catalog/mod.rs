@@ -4,6 +4,7 @@
 //! tools its connections expose, named `connector.tool`. Hot reload builds a new snapshot and
 //! swaps it in whole, so a call never sees half of a reload.
 
+mod capability;
 mod manifest;
 mod names;
 mod sources;
@@ -18,6 +19,10 @@ use crate::error::ObolError;
 use crate::policy::{KeyHash, Policies, Verdict, VirtualKey};
 use crate::runtime::Guest;
 
+pub use capability::{
+    Capability, CapabilitySpec, Declared, Mapping, PREFIX as CAPABILITY_PREFIX, Provider,
+    ProviderSpec,
+};
 pub use manifest::{
     BodyRule, Broker, ConnectorName, EffectSpec, HOST_OWNED_HEADERS, JsonPointer, Manifest,
     ManifestError, Propagation, RouteKind, Schema, StatusClass, StatusClasses, ToolSpec,
@@ -53,6 +58,13 @@ pub enum ServedBy {
     },
     /// A remote MCP server's tool, as the gateway derived it from the upstream's listing.
     Upstream { id: UpstreamId, tool: Arc<ToolSpec> },
+    /// A tool the gateway answers itself (`progressive`).
+    Gateway(Arc<ToolSpec>),
+    /// A capability: its card, and the providers it resolves to.
+    Capability {
+        card: Arc<ToolSpec>,
+        capability: Arc<Capability>,
+    },
 }
 
 impl Route {
@@ -62,7 +74,17 @@ impl Route {
                 connector,
                 tool_index,
             } => &connector.manifest.tools[*tool_index],
-            ServedBy::Upstream { tool, .. } => tool,
+            ServedBy::Upstream { tool, .. }
+            | ServedBy::Gateway(tool)
+            | ServedBy::Capability { card: tool, .. } => tool,
+        }
+    }
+
+    /// The capability this route is, if it is one.
+    pub fn capability(&self) -> Option<&Arc<Capability>> {
+        match &self.served_by {
+            ServedBy::Capability { capability, .. } => Some(capability),
+            _ => None,
         }
     }
 }
@@ -116,6 +138,8 @@ pub struct Catalog {
 pub struct KeyView {
     pub listing: String,
     pub verdicts: HashMap<String, Verdict>,
+    /// Whether the key can see a capability (then `find_capability` is its tool too).
+    pub capabilities: crate::progressive::Visible,
 }
 
 impl Catalog {
@@ -146,6 +170,7 @@ impl Catalog {
                 let connection = Arc::new(connection.clone());
                 let connector = match &connection.kind {
                     ConnectionKind::Component { connector, .. } => connector,
+                    ConnectionKind::Virtual => continue,
                     ConnectionKind::Mcp(upstream) => {
                         let id = UpstreamId {
                             workspace: workspace.id.clone(),
@@ -195,7 +220,7 @@ impl Catalog {
                 };
                 let broker = match &connection.kind {
                     ConnectionKind::Component { broker, .. } => broker.as_deref(),
-                    ConnectionKind::Mcp(_) => None,
+                    ConnectionKind::Mcp(_) | ConnectionKind::Virtual => None,
                 };
                 for (tool_index, tool) in connector.manifest.tools.iter().enumerate() {
                     let name = ToolName::new(&connector.manifest.name, &tool.upstream_name);
@@ -228,6 +253,11 @@ impl Catalog {
                         }),
                     );
                 }
+            }
+            for declared in &workspace.capabilities {
+                let route =
+                    capability_route(&workspace.id, declared, &routes, &mut catalog.problems);
+                routes.insert(declared.name.as_str().to_owned(), route);
             }
             let search = crate::progressive::search::Index::build(
                 routes
@@ -288,19 +318,31 @@ impl Catalog {
             .collect()
     }
 
-    /// The `tools/list` result for a key, as JSON text; refused while a `fail_closed`
-    /// workspace has an upstream it cannot list.
+    /// The `tools/list` result for a key, as JSON text. In progressive mode, the two tools
+    /// that find and call the rest (whatever the upstreams' state: `search_tools` reports
+    /// that); in full mode the key's view, refused while a `fail_closed` workspace has an
+    /// upstream it cannot list.
     pub fn listing(&self, key: &VirtualKey) -> Result<String, ObolError> {
-        if let Some(connection) = self
+        if key.tools_mode == crate::policy::ToolsMode::Progressive {
+            return Ok(crate::progressive::progressive_listing().to_owned());
+        }
+        self.available(&key.workspace)?;
+        Ok(self.view(key).listing.clone())
+    }
+
+    /// Refuses while a `fail_closed` workspace has an upstream it cannot list: an answer
+    /// built from the catalog would silently leave its tools out.
+    pub fn available(&self, workspace: &str) -> Result<(), ObolError> {
+        match self
             .workspaces
-            .get(&key.workspace)
+            .get(workspace)
             .and_then(|w| w.unavailable.first())
         {
-            return Err(ObolError::UpstreamUnavailable {
+            Some(connection) => Err(ObolError::UpstreamUnavailable {
                 connection: connection.clone(),
-            });
+            }),
+            None => Ok(()),
         }
-        Ok(self.view(key).listing.clone())
     }
 
     /// Decides every tool of the key's workspace once, and joins the visible tools' listings
@@ -308,19 +350,44 @@ impl Catalog {
     fn compute_view(&self, key: &VirtualKey) -> KeyView {
         let mut listing = String::from("{\"tools\":[");
         let mut verdicts = HashMap::new();
+        let mut capabilities = crate::progressive::Visible::None;
         if let Some(workspace) = self.workspaces.get(&key.workspace) {
-            for (name, route) in &workspace.routes {
+            // Tools first: a capability is visible only with a provider the key can reach.
+            let (tools, caps): (Vec<_>, Vec<_>) = workspace
+                .routes
+                .iter()
+                .partition(|(_, route)| route.capability().is_none());
+            for (name, route) in tools.into_iter().chain(caps) {
+                if let Some(capability) = route.capability()
+                    && !capability
+                        .providers
+                        .iter()
+                        .any(|p| verdicts.contains_key(p.route.name.as_str()))
+                {
+                    continue;
+                }
                 if let Some(verdict) = crate::policy::decide(key, route, &self.policies) {
                     if !listing.ends_with('[') {
                         listing.push(',');
                     }
                     listing.push_str(route.listing.get());
                     verdicts.insert(name.clone(), verdict);
+                    if route.capability().is_some() {
+                        capabilities = crate::progressive::Visible::Some;
+                    }
                 }
             }
         }
+        if capabilities == crate::progressive::Visible::Some {
+            listing.push(',');
+            listing.push_str(crate::progressive::find_capability_listing());
+        }
         listing.push_str("]}");
-        KeyView { listing, verdicts }
+        KeyView {
+            listing,
+            verdicts,
+            capabilities,
+        }
     }
 
     /// A digest of the components loaded, to tell whether a reload changed anything
@@ -334,6 +401,77 @@ impl Catalog {
         seen.sort();
         seen
     }
+}
+
+/// A capability's route: its card as a tool, and the providers of `routes` its mapping fits.
+/// A provider that is not a tool of the workspace, or whose mapping does not fit its schema,
+/// is left out and reported.
+fn capability_route(
+    workspace: &str,
+    declared: &Declared,
+    routes: &BTreeMap<String, Arc<Route>>,
+    problems: &mut Vec<String>,
+) -> Arc<Route> {
+    let mut providers = Vec::new();
+    for provider in &declared.providers {
+        let Some(route) = routes.get(provider.tool.as_str()) else {
+            problems.push(format!(
+                "workspace {workspace:?}: capability {}: provider {} is not a tool of the workspace (yet); it is left out",
+                declared.name, provider.tool
+            ));
+            continue;
+        };
+        if let Err(problem) = provider.mapping.check(
+            &declared.input_schema.source,
+            &route.tool().input_schema.source,
+        ) {
+            problems.push(format!(
+                "workspace {workspace:?}: capability {}: provider {}: {problem}; it is left out",
+                declared.name, provider.tool
+            ));
+            continue;
+        }
+        providers.push(Provider {
+            route: Arc::clone(route),
+            mapping: provider.mapping.clone(),
+            priority: provider.priority,
+            environment: provider.environment.unwrap_or(route.connection.environment),
+        });
+    }
+    // Stable: equal priorities keep the declared order.
+    providers.sort_by_key(|p| p.priority);
+    let card = ToolSpec {
+        upstream_name: declared.name.upstream().to_owned(),
+        description: declared.description.clone(),
+        input_schema: declared.input_schema.clone(),
+        effect: EffectSpec {
+            route: RouteKind::Capability,
+            broker: None,
+            // As destructive as the most destructive provider it may resolve to; each call is
+            // judged on the provider it does resolve to.
+            destructive: providers.iter().any(|p| p.route.tool().effect.destructive),
+            statuses: StatusClasses::none(),
+            propagation: Propagation::None,
+            output_schema: None,
+            body_rules: Vec::new(),
+        },
+    };
+    let listing = render_listing(&declared.name, &card);
+    Arc::new(Route {
+        name: declared.name.clone(),
+        served_by: ServedBy::Capability {
+            card: Arc::new(card),
+            capability: Arc::new(Capability { providers }),
+        },
+        connection: Arc::new(ConnectionConfig {
+            id: CAPABILITY_PREFIX.to_owned(),
+            environment: declared.environment,
+            kind: ConnectionKind::Virtual,
+            secret: None,
+            idempotency_window: std::time::Duration::ZERO,
+        }),
+        listing,
+    })
 }
 
 fn render_listing(name: &ToolName, tool: &ToolSpec) -> Box<RawValue> {

@@ -10,15 +10,30 @@ use super::ConnectorName;
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct ToolName {
     full: Arc<str>,
-    dot: usize,
+    /// Where the connector part ends and the upstream part starts (both 0 for the gateway's
+    /// own tools, which have no connector).
+    connector_end: usize,
+    upstream_start: usize,
 }
 
 impl ToolName {
     pub fn new(connector: &ConnectorName, upstream: &str) -> ToolName {
         let full: Arc<str> = format!("{connector}.{upstream}").into();
+        let dot = connector.as_str().len();
         ToolName {
-            dot: connector.as_str().len(),
             full,
+            connector_end: dot,
+            upstream_start: dot + 1,
+        }
+    }
+
+    /// A tool the gateway answers itself (`search_tools`): no connector, no dot. Never the
+    /// result of [`ToolName::parse`], so no client name can reach one by accident.
+    pub fn gateway(name: &str) -> ToolName {
+        ToolName {
+            full: name.into(),
+            connector_end: 0,
+            upstream_start: 0,
         }
     }
 
@@ -30,17 +45,18 @@ impl ToolName {
         }
         Some(ToolName {
             full: name.into(),
-            dot,
+            connector_end: dot,
+            upstream_start: dot + 1,
         })
     }
 
     pub fn connector(&self) -> &str {
-        &self.full[..self.dot]
+        &self.full[..self.connector_end]
     }
 
     /// What reaches the component: the name without its prefix.
     pub fn upstream(&self) -> &str {
-        &self.full[self.dot + 1..]
+        &self.full[self.upstream_start..]
     }
 
     pub fn as_str(&self) -> &str {

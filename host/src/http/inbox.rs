@@ -485,8 +485,17 @@ fn inbox_page(
             .map(|line| escape(line))
             .collect::<Vec<_>>()
             .join("<br>");
+        // A capability call shows both: what the agent called and the provider it resolved to
+        // (the approval is for that provider only).
+        let provider = match &ticket.capability {
+            Some(decision) => format!(
+                "<br><span class=\"provider\" id=\"provider-{id}\">→ <code>{}</code></span>",
+                escape(&decision.provider)
+            ),
+            None => String::new(),
+        };
         rows.push_str(&format!(
-            "<tr id=\"ticket-{id}\"{}><td><code>{}</code><br><small>{}</small></td><td>{}</td><td>{summary}</td>\
+            "<tr id=\"ticket-{id}\"{}><td><code>{}</code>{provider}<br><small>{}</small></td><td>{}</td><td>{summary}</td>\
              <td>{}</td><td>{}</td><td class=\"status\" id=\"status-{id}\">{status}</td><td>{actions}</td></tr>",
             if focus == Some(id) { " class=\"focus\"" } else { "" },
             escape(&ticket.tool),

@@ -9,6 +9,10 @@
 //! `GET /v1/approvals/{id}` (scope `approvals`): the state of a held call, and once the owner
 //! decided, the signed token to resume it with. Only the key whose call was held sees it.
 //!
+//! `POST /v1/route` (scope `route`), body `{"capability": "cap.NAME", "arguments": {…}}`: the
+//! provider a new call of the capability would be routed to now, why, and what was passed
+//! over; nothing is dispatched (`find_capability` is its MCP mirror).
+//!
 //! Every refusal here, and in the admin API, is an [`ObolError`] rendered by
 //! [`ObolError::to_rest_response`]: the same envelope `/mcp` sends (`docs/errors.md`). The
 //! inbox answers a browser, so it renders HTML pages instead.
@@ -38,6 +42,7 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         .route("/v1/receipts", get(list))
         .route("/v1/receipts/{id}", get(show))
         .route("/v1/approvals/{id}", get(approval))
+        .route("/v1/route", axum::routing::post(route))
         .with_state(gateway)
 }
 
@@ -133,6 +138,45 @@ async fn show(
         Ok(Some(receipt)) if reader.may_read(&receipt) => axum::Json(receipt).into_response(),
         Ok(_) => ObolError::NotFound("receipt").to_rest_response(),
         Err(cause) => store_unavailable("reading a receipt", &cause),
+    }
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RouteQuestion {
+    capability: String,
+    #[serde(default)]
+    arguments: serde_json::Map<String, serde_json::Value>,
+}
+
+async fn route(
+    State(gateway): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let key = match authenticate(&gateway, &headers, Scope::Route) {
+        Ok(key) => key,
+        Err(response) => return *response,
+    };
+    let question: RouteQuestion = match serde_json::from_slice(&body) {
+        Ok(question) => question,
+        Err(error) => {
+            return ObolError::InvalidParams(format!(
+                "the body is {{\"capability\": \"cap.NAME\", \"arguments\": {{…}}}} ({error})"
+            ))
+            .to_rest_response();
+        }
+    };
+    let catalog = gateway.catalog();
+    match crate::invoke::resolve::preview(
+        &gateway.services,
+        &catalog,
+        &key,
+        &question.capability,
+        &question.arguments,
+    ) {
+        Ok(answer) => axum::Json(answer).into_response(),
+        Err(error) => error.to_rest_response(),
     }
 }
 

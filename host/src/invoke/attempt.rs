@@ -63,7 +63,16 @@ impl Claimed {
 impl Reserved {
     /// Sends exactly one attempt.
     pub async fn send(self, services: &Services) -> Sent {
-        let outcome = dispatch::send(services, &self.invocation.plan).await;
+        let plan = &self.invocation.plan;
+        let outcome = dispatch::send(services, plan).await;
+        // Every attempt feeds its connection's breaker, which routes capabilities' new calls.
+        if let Some(signal) = outcome.signal() {
+            let connection = (
+                plan.claim_key.workspace.clone(),
+                plan.route().connection.id.clone(),
+            );
+            services.breakers.record(&connection, signal, now_ms());
+        }
         Sent {
             reserved: self,
             outcome,

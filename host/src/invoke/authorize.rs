@@ -1,7 +1,10 @@
 //! Authorize: the verdict becomes what this call may do — go ahead, or wait for a human — and
-//! an approval token is bound to the call it approves.
+//! an approval token is bound to the call it approves. A capability call is authorized as the
+//! provider it resolved to (its schema, its destructiveness, its approval rule), and only
+//! after Cedar allowed the capability itself (its route's verdict).
 
 use super::Answer;
+use super::resolve::{Resolution, Resolved};
 use super::route::Routed;
 use crate::approvals;
 use crate::catalog::RouteKind;
@@ -22,6 +25,8 @@ pub enum Admission {
 #[derive(Debug)]
 pub struct Authorized {
     pub routed: Routed,
+    /// How a capability call resolved (`routed` is then its provider's call).
+    pub capability: Option<Resolution>,
     pub admission: Admission,
     /// Who is calling, under which decision: recorded with the claim.
     pub holder: Holder,
@@ -29,17 +34,18 @@ pub struct Authorized {
     pub summary: Vec<String>,
 }
 
-impl Routed {
+impl Resolved {
     pub fn authorize(self) -> Result<Authorized, Answer> {
         match self.admission() {
             Ok((admission, approval)) => Ok(self.authorized(admission, approval)),
-            Err(error) => Err(self.parsed.refuse(error)),
+            Err(error) => Err(self.routed.parsed.refuse(error)),
         }
     }
 
     fn admission(&self) -> Result<(Admission, ApprovalBasis), ObolError> {
-        let tool = self.route.tool();
-        let arguments = serde_json::Value::Object(self.parsed.arguments.clone());
+        let Resolved { routed, .. } = self;
+        let tool = routed.route.tool();
+        let arguments = serde_json::Value::Object(routed.parsed.arguments.clone());
         // Arguments are checked by the host against the declared schema, so a component only
         // ever sees arguments its own schema admits.
         let violations = tool.input_schema.violations(&arguments);
@@ -48,19 +54,19 @@ impl Routed {
         }
         // A token approves one call: its tool, under the key it was held with. A different key
         // is denied rather than reconciled (spec/idempotency.md, "Approval binds the key").
-        if let Some(grant) = &self.parsed.grant {
-            if grant.tool != self.route.name.as_str() {
+        if let Some(grant) = &routed.parsed.grant {
+            if grant.tool != self.called() {
                 return Err(ObolError::ApprovalMismatch(
                     "the token approves another tool",
                 ));
             }
-            if grant.idempotency_key != self.parsed.idempotency_key {
+            if grant.idempotency_key != routed.parsed.idempotency_key {
                 return Err(ObolError::ApprovalMismatch(
                     "the Idempotency-Key differs from the approved call's",
                 ));
             }
         }
-        Ok(match self.verdict.approval {
+        Ok(match routed.verdict.approval {
             ApprovalRule::Required => (Admission::NeedsApproval, ApprovalBasis::Required),
             ApprovalRule::Waived => (Admission::Proceed, ApprovalBasis::Waived),
             ApprovalRule::NotRequired => (Admission::Proceed, ApprovalBasis::NotRequired),
@@ -68,32 +74,46 @@ impl Routed {
     }
 
     fn authorized(self, admission: Admission, approval: ApprovalBasis) -> Authorized {
-        let tool = self.route.tool();
+        let called = self.called().to_owned();
+        let Resolved { routed, capability } = self;
+        let tool = routed.route.tool();
         let summary = match admission {
             Admission::NeedsApproval => {
-                approvals::summarize(&serde_json::Value::Object(self.parsed.arguments.clone()))
+                approvals::summarize(&serde_json::Value::Object(routed.parsed.arguments.clone()))
             }
             Admission::Proceed => Vec::new(),
         };
+        // Both decisions are the call's: the capability's policies, then the provider's.
+        let policies = capability
+            .iter()
+            .flat_map(|c| c.verdict.policies.iter())
+            .chain(&routed.verdict.policies)
+            .cloned()
+            .collect();
         let holder = Holder {
-            workspace: self.caller.workspace.clone(),
-            connection: self.route.connection.id.clone(),
-            tool: self.route.name.as_str().to_owned(),
-            idempotency_key: self.parsed.idempotency_key.to_string(),
-            key_hash: self.caller.hash.to_string(),
-            key_name: self.caller.name.clone(),
-            publication: self.verdict.publication,
-            policies: self.verdict.policies.clone(),
+            workspace: routed.caller.workspace.clone(),
+            connection: routed.route.connection.id.clone(),
+            tool: called,
+            idempotency_key: routed.parsed.idempotency_key.to_string(),
+            key_hash: routed.caller.hash.to_string(),
+            key_name: routed.caller.name.clone(),
+            publication: routed.verdict.publication,
+            policies,
             approval,
             route: tool.effect.route,
             evidence: match tool.effect.route {
-                // The gateway read the upstream MCP server's answer itself.
-                RouteKind::Native | RouteKind::Mcp => EvidenceClass::GatewayObserved,
+                // The gateway read the upstream MCP server's answer itself, or made it.
+                // (A capability is never the route a call is sent on: it resolved first.)
+                RouteKind::Native | RouteKind::Mcp | RouteKind::Gateway | RouteKind::Capability => {
+                    EvidenceClass::GatewayObserved
+                }
                 RouteKind::Federated => EvidenceClass::Untrusted,
             },
+            capability: capability.as_ref().map(|c| c.decision.clone()),
         };
         Authorized {
-            routed: self,
+            routed,
+            capability,
             admission,
             holder,
             summary,

@@ -75,6 +75,9 @@ impl Rendered {
                 "evidence": evidence,
                 "replayed": false,
             }});
+            if let Some(decision) = &holder.capability {
+                value["_meta"]["obol"]["capability"] = json!(decision);
+            }
             value
         });
         let closing = Closing {

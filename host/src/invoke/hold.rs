@@ -49,6 +49,7 @@ pub async fn answer(
         created_at_ms: record.created_at_ms,
         expires_at_ms: held.expires_at_ms,
         status: TicketStatus::Pending,
+        capability: holder.capability.clone(),
     });
     // Written again while pending: a no-op for a complete ticket, and the repair of one whose
     // write (or, on Redis, whose inbox entry) was lost.

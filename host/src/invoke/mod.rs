@@ -1,7 +1,8 @@
 //! The invocation lifecycle: every `tools/call` runs through [`invoke`], top to bottom.
 //!
 //! ```text
-//! parse ─▶ route ─▶ authorize ─▶ prepare (dispatch seam, before any state is written)
+//! parse ─▶ route ─▶ resolve (a capability's provider) ─▶ authorize
+//!   ─▶ prepare (dispatch seam, before any state is written)
 //!   ─▶ claim ──▶ Replay | Conflict | NotReady | Held (-32003, the slot is claimed held)
 //!          └──▶ Claimed ─▶ reserve attempt ─▶ send one attempt ─▶ classify
 //!               ─▶ [one immediate retry, only by the two rules of spec/idempotency.md]
@@ -34,6 +35,7 @@ mod owned;
 mod parse;
 mod receipt;
 mod render;
+pub mod resolve;
 mod route;
 pub mod settle;
 pub mod sweeper;
@@ -53,6 +55,8 @@ use crate::runtime::Runtime;
 use crate::store::Store;
 use dispatch::Planned;
 
+#[cfg(test)]
+pub(crate) use route::admit;
 pub use route::{RefusalBudget, route};
 pub use settle::{Settlement, settle_ticket};
 
@@ -63,6 +67,8 @@ pub struct Services {
     pub outbound: Outbound,
     /// The pool of MCP upstream sessions.
     pub upstreams: Arc<crate::upstream::Upstreams>,
+    /// Every connection's breaker, fed by each attempt; capability routing reads it.
+    pub breakers: crate::capability::breaker::Breakers,
     pub store: Store,
     /// How long a reserved attempt may stay in flight before its holder is presumed dead.
     pub lease: Duration,
@@ -133,10 +139,11 @@ async fn lifecycle(
     key: &VirtualKey,
     request: CallRequest,
 ) -> Result<Answer, Answer> {
-    let parsed = parse::parse(request)?;
+    let parsed = parse::parse(request, key.tools_mode)?; // call_tool(X) becomes X
     let routed = parsed.route(services, catalog, key)?;
-    let authorized = routed.authorize()?;
-    let planned = dispatch::prepare(services, authorized).await?;
+    let resolved = routed.resolve(services, catalog, key).await?; // cap.* → one provider
+    let authorized = resolved.authorize()?;
+    let planned = dispatch::prepare(services, catalog, key, authorized).await?;
     // From the claim on, the call runs in a task the gateway owns: a client that hangs up
     // cannot leave a claim written and its attempt unsent, nor an outcome unrecorded.
     let identity = planned.identity();

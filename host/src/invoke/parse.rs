@@ -7,6 +7,8 @@ use super::{Answer, CallRequest, ClaimIdentity};
 use crate::approvals::ApprovalGrant;
 use crate::error::ObolError;
 use crate::idempotency::IdempotencyKey;
+use crate::policy::ToolsMode;
+use crate::progressive;
 use crate::store::KeySource;
 
 /// A well-formed `tools/call`.
@@ -36,7 +38,9 @@ impl Parsed {
 }
 
 /// Reads the params. The effective key is decided first, so that even a refusal names it.
-pub fn parse(request: CallRequest) -> Result<Parsed, Answer> {
+/// A progressive key's `call_tool(name, arguments)` is read as the plain call of `name`: from
+/// here on nothing can tell the two apart, so both claim one slot and pass one policy.
+pub fn parse(request: CallRequest, mode: ToolsMode) -> Result<Parsed, Answer> {
     let CallRequest {
         mut params,
         exactness,
@@ -69,6 +73,15 @@ pub fn parse(request: CallRequest) -> Result<Parsed, Answer> {
                 "tools/call arguments must be an object".into(),
             ));
         }
+    };
+    let (name, arguments) = match (mode, name.as_str()) {
+        (ToolsMode::Progressive, progressive::CALL_TOOL) => {
+            match progressive::unwrap_call_tool(arguments) {
+                Ok(inner) => inner,
+                Err(error) => return refuse(error),
+            }
+        }
+        _ => (name, arguments),
     };
     if let Err(inexact) = exactness {
         return refuse(ObolError::InvalidArguments(inexact.to_string()));

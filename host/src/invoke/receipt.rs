@@ -84,6 +84,7 @@ pub fn build(key: &ClaimKey, record: &ClaimRecord, holder: &Holder, ending: Endi
         approval_id: record.approval().map(|held| held.approval_id.to_string()),
         key_name: Some(holder.key_name.clone()),
         refusal: false,
+        capability: holder.capability.clone(),
         created_at_ms: record.created_at_ms,
         finalized_at_ms: now_ms(),
     }
@@ -121,6 +122,7 @@ pub fn refused(
         approval_id: None,
         key_name: Some(key.name.clone()),
         refusal: true,
+        capability: None,
         created_at_ms: now,
         finalized_at_ms: now,
     }

@@ -12,6 +12,7 @@ use crate::catalog::{Catalog, Route, ToolName};
 use crate::clock::now_ms;
 use crate::error::ObolError;
 use crate::policy::{Verdict, VirtualKey};
+use crate::progressive::{self, Synthetic};
 
 /// A call with its route and the verdict that admitted it.
 #[derive(Debug)]
@@ -37,9 +38,16 @@ impl Parsed {
         catalog: &Catalog,
         key: &VirtualKey,
     ) -> Result<Routed, Answer> {
+        self.find(catalog, key).map_err(|parsed| {
+            record_refusal(services, catalog, key, &parsed.name, &parsed.arguments);
+            parsed.refuse(ObolError::UnknownTool)
+        })
+    }
+
+    /// The route, or the call back when the key has none by that name (for any reason).
+    fn find(self, catalog: &Catalog, key: &VirtualKey) -> Result<Routed, Parsed> {
         let Some((route, verdict)) = route(catalog, key, &self.name) else {
-            record_refusal(services, catalog, key, &self.name, &self.arguments);
-            return Err(self.refuse(ObolError::UnknownTool));
+            return Err(self);
         };
         Ok(Routed {
             parsed: self,
@@ -54,13 +62,47 @@ impl Parsed {
     }
 }
 
+/// The lifecycle up to authorization, without its side effects (refusal receipts): what a
+/// call of this key would be admitted as. The progressive property compares it across modes.
+#[cfg(test)]
+pub(crate) fn admit(
+    catalog: &Catalog,
+    key: &VirtualKey,
+    request: super::CallRequest,
+) -> Result<super::authorize::Authorized, Answer> {
+    let parsed = super::parse::parse(request, key.tools_mode)?;
+    let routed = parsed
+        .find(catalog, key)
+        .map_err(|parsed| parsed.refuse(ObolError::UnknownTool))?;
+    assert!(
+        routed.route.capability().is_none(),
+        "admit does not route capabilities"
+    );
+    super::resolve::Resolved {
+        routed,
+        capability: None,
+    }
+    .authorize()
+}
+
 /// Finds the route for a name the key may call, with the policy verdict that allowed it.
 /// `None` covers every reason alike. Reads the key's cached view of the snapshot, the same
 /// one `tools/list` renders.
 pub fn route(catalog: &Catalog, key: &VirtualKey, name: &str) -> Option<(Arc<Route>, Verdict)> {
+    let view = catalog.view(key);
+    if let Some(synthetic) = Synthetic::listed(name, key.tools_mode, view.capabilities) {
+        // Listed by the key's mode, not by policy: the gateway's own read-only tools.
+        let verdict = Verdict {
+            publication: None,
+            allowed: true,
+            policies: Vec::new(),
+            approval: crate::policy::ApprovalRule::NotRequired,
+        };
+        return Some((Arc::clone(synthetic.route()), verdict));
+    }
     let parsed = ToolName::parse(name)?;
     let route = catalog.route(&key.workspace, parsed.as_str())?;
-    let verdict = catalog.view(key).verdicts.get(parsed.as_str())?.clone();
+    let verdict = view.verdicts.get(parsed.as_str())?.clone();
     Some((Arc::clone(route), verdict))
 }
 
@@ -111,6 +153,12 @@ fn record_refusal(
     let mut connection = None;
     let mut verdict = None;
     let reason = match ToolName::parse(name) {
+        None if name == progressive::SEARCH_TOOLS || name == progressive::CALL_TOOL => {
+            "search_tools and call_tool are tools of progressive mode only".to_owned()
+        }
+        None if name == progressive::FIND_CAPABILITY => {
+            "find_capability is a tool of full mode only, for keys that see a capability".to_owned()
+        }
         None => "the tool name is malformed".to_owned(),
         Some(parsed) => match catalog.route(&key.workspace, parsed.as_str()) {
             None => {

@@ -116,7 +116,10 @@ pub async fn settle_ticket(store: &Store, ticket: &Ticket, why: Settlement) -> O
     };
     let key = ClaimKey {
         workspace: ticket.workspace.clone(),
-        connection: ConnectionSegment::Resolved(ticket.connection.clone()),
+        connection: match ticket.capability {
+            Some(_) => ConnectionSegment::Capability,
+            None => ConnectionSegment::Resolved(ticket.connection.clone()),
+        },
         tool: ticket.tool.clone(),
         key: idempotency_key,
     };
@@ -159,6 +162,7 @@ pub fn holder_of(ticket: &Ticket) -> Holder {
         approval: ApprovalBasis::Required,
         evidence: EvidenceClass::GatewayObserved,
         route: Default::default(),
+        capability: ticket.capability.clone(),
     }
 }
 
@@ -212,6 +216,7 @@ mod tests {
             approval: ApprovalBasis::NotRequired,
             evidence: EvidenceClass::GatewayObserved,
             route: Default::default(),
+            capability: None,
         };
         let settled = settle(&store, &key, &old, Settlement::DeadHolder, Some(&caller))
             .await

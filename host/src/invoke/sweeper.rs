@@ -14,7 +14,7 @@ use std::time::Duration;
 use super::Services;
 use super::settle::{self, Settlement};
 use crate::clock::now_ms;
-use crate::store::{ApprovalBasis, ClaimKey, ConnectionSegment, EvidenceClass, Holder};
+use crate::store::{ApprovalBasis, ClaimKey, EvidenceClass, Holder};
 
 /// How often the lease index is read.
 pub const INTERVAL: Duration = Duration::from_secs(1);
@@ -70,10 +70,7 @@ pub async fn sweep(services: &Services) -> usize {
 fn unrecorded_holder(key: &ClaimKey) -> Holder {
     Holder {
         workspace: key.workspace.clone(),
-        connection: match &key.connection {
-            ConnectionSegment::Resolved(id) => id.clone(),
-            ConnectionSegment::Capability => "cap".into(),
-        },
+        connection: key.connection.label().to_owned(),
         tool: key.tool.clone(),
         idempotency_key: key.key.to_string(),
         key_hash: String::new(),
@@ -83,5 +80,6 @@ fn unrecorded_holder(key: &ClaimKey) -> Holder {
         approval: ApprovalBasis::NotRequired,
         evidence: EvidenceClass::GatewayObserved,
         route: Default::default(),
+        capability: None,
     }
 }

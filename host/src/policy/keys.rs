@@ -128,6 +128,32 @@ pub struct VirtualKey {
     pub filter: Option<ToolFilter>,
     /// The policy publication the key evaluates under.
     pub policy: PolicyPin,
+    pub tools_mode: ToolsMode,
+    /// Capability → connection id: the provider its new calls go to first, when eligible.
+    pub capability_pins: std::collections::BTreeMap<String, String>,
+}
+
+/// What a key's `tools/list` shows (spec/mcp-gateway.md, "Progressive tools").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ToolsMode {
+    /// Every tool the key may call.
+    #[default]
+    Full,
+    /// Only `search_tools` and `call_tool`; the tools are found by searching. What the key
+    /// may call is the same as in full mode.
+    Progressive,
+}
+
+impl ToolsMode {
+    pub fn parse(name: &str) -> Result<ToolsMode, String> {
+        match name {
+            "full" => Ok(ToolsMode::Full),
+            "progressive" => Ok(ToolsMode::Progressive),
+            other => Err(format!(
+                "unknown tools_mode {other:?} (expected \"full\" or \"progressive\")"
+            )),
+        }
+    }
 }
 
 impl VirtualKey {

@@ -17,5 +17,5 @@ mod property;
 pub use cedar::{ApprovalQuestion, ApprovalRule, Policies, PolicyPin, Publication, Verdict};
 pub use filter::ToolFilter;
 pub use glob::ToolGlob;
-pub use keys::{Environment, KeyHash, KeyTable, Scope, VirtualKey, bearer_token};
+pub use keys::{Environment, KeyHash, KeyTable, Scope, ToolsMode, VirtualKey, bearer_token};
 pub use prefilter::{decide, prefilter, prefilter_refusal};

@@ -18,7 +18,7 @@ use crate::policy::cases::{self, Case, Universe};
 use crate::policy::cedar::Slicing;
 use crate::policy::{
     ApprovalQuestion, Environment, KeyHash, PolicyPin, Publication, Scope, ToolFilter, ToolGlob,
-    Verdict, VirtualKey, prefilter_refusal,
+    ToolsMode, Verdict, VirtualKey, prefilter_refusal,
 };
 use crate::runtime::{Runtime, wit};
 
@@ -108,6 +108,8 @@ fn key(case: &Case) -> VirtualKey {
             .as_deref()
             .map(|filter| ToolFilter::compile(filter).unwrap()),
         policy: PolicyPin::Latest,
+        tools_mode: ToolsMode::Full,
+        capability_pins: Default::default(),
     }
 }
 
@@ -154,6 +156,7 @@ fn listing_and_calling_agree_over_a_thousand_generated_cases() {
         .collect();
     let mut listed_total = 0;
     let mut hidden_total = 0;
+    let mut reached_total = 0;
     for case in cases::generate(universe, 1000) {
         let key = key(&case);
         let publication = &case.publication;
@@ -228,6 +231,43 @@ fn listing_and_calling_agree_over_a_thousand_generated_cases() {
         listed_total += listed.len();
         hidden_total += names.len() - listed.len();
 
+        // Progressive mode is never a bypass. Through the lifecycle's own parse, route and
+        // authorize phases, on a third snapshot (no shared view), `call_tool(X)` by the same
+        // key in progressive mode is admitted exactly when X is callable in full mode, as
+        // X and under the same verdict; every other name is refused with the very answer an
+        // absent name gets.
+        let progressive_key = VirtualKey {
+            tools_mode: ToolsMode::Progressive,
+            ..key.clone()
+        };
+        let progressive_catalog = catalog(&connectors, publication, environment(&case));
+        let absent = refusal(&progressive_catalog, &progressive_key, "alpha.nope");
+        for (name, verdict) in names
+            .iter()
+            .map(String::as_str)
+            .chain(ABSENT)
+            .map(|name| (name, callable(&calling_catalog, &key, name)))
+        {
+            match (
+                call_tool(&progressive_catalog, &progressive_key, name),
+                verdict,
+            ) {
+                (Ok(admitted), Some(verdict)) => {
+                    assert_eq!(admitted, (name.to_owned(), verdict), "{}", context());
+                }
+                (Err(answer), None) => {
+                    assert_eq!(answer, absent, "{name} refused\n{}", context());
+                }
+                (got, expected) => {
+                    panic!(
+                        "call_tool({name}): {got:?}, full mode: {expected:?}\n{}",
+                        context()
+                    )
+                }
+            }
+            reached_total += 1;
+        }
+
         // Slicing the publication by connector and action never changes a decision.
         for name in &names {
             let route = listing_catalog.route("w", name).unwrap();
@@ -250,4 +290,41 @@ fn listing_and_calling_agree_over_a_thousand_generated_cases() {
         listed_total > 500 && hidden_total > 500,
         "{listed_total} / {hidden_total}"
     );
+    assert!(reached_total >= 1000 * (names.len() + ABSENT.len()));
+}
+
+/// A `tools/call` of `call_tool(name)` with arguments every generated tool's schema admits.
+fn call_tool_request(name: &str) -> crate::invoke::CallRequest {
+    let params = serde_json::json!({
+        "name": "call_tool",
+        "arguments": {"name": name, "arguments": {"charge": "ch_1", "amount": 100}},
+    });
+    crate::invoke::CallRequest {
+        params: params.as_object().unwrap().clone(),
+        exactness: Ok(()),
+        idempotency_key: Some(
+            crate::idempotency::IdempotencyKey::parse("idt_property-key-00001").unwrap(),
+        ),
+        approval: None,
+    }
+}
+
+/// What `call_tool(name)` is admitted as: the tool it runs and the verdict it runs under, or
+/// the refusal as the client would read it (error, code and the key it names).
+fn call_tool(catalog: &Catalog, key: &VirtualKey, name: &str) -> Result<(String, Verdict), String> {
+    match crate::invoke::admit(catalog, key, call_tool_request(name)) {
+        Ok(admitted) => Ok((
+            admitted.routed.route.name.as_str().to_owned(),
+            admitted.routed.verdict,
+        )),
+        Err(answer) => Err(format!(
+            "{:?} {:?}",
+            answer.result.map_err(|e| (e.wire(), e.to_string())),
+            answer.identity.map(|i| i.key)
+        )),
+    }
+}
+
+fn refusal(catalog: &Catalog, key: &VirtualKey, name: &str) -> String {
+    call_tool(catalog, key, name).expect_err("an absent name is refused")
 }

@@ -123,6 +123,10 @@ pub struct Holder {
     /// What served the tool (records written before upstreams existed were all native).
     #[serde(default)]
     pub route: crate::catalog::RouteKind,
+    /// A capability call's routing decision (`tool` is then the capability, `connection` the
+    /// provider's). A retry or resume of the slot is sent on this route, never another.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capability: Option<crate::capability::router::Decision>,
 }
 
 /// The approval a slot was held for. Kept after the hold ends: a slot once held is resent
@@ -412,6 +416,7 @@ mod tests {
             approval: ApprovalBasis::NotRequired,
             evidence: EvidenceClass::GatewayObserved,
             route: Default::default(),
+            capability: None,
         }
     }
 

@@ -28,6 +28,7 @@ fn holder() -> Holder {
         approval: ApprovalBasis::NotRequired,
         evidence: EvidenceClass::GatewayObserved,
         route: Default::default(),
+        capability: None,
     }
 }
 
@@ -52,6 +53,7 @@ fn record_leased_until(lease_until_ms: u64) -> ClaimRecord {
 
 fn receipt(record: &ClaimRecord, claim: &ClaimKey) -> Receipt {
     Receipt {
+        capability: None,
         id: record.receipt_id.clone(),
         workspace: claim.workspace.clone(),
         idempotency_key: claim.key.to_string(),
@@ -194,6 +196,7 @@ async fn registry_inserts_once_and_puts_always(store: &Store) {
 fn ticket(workspace: &str, created_at_ms: u64) -> crate::approvals::Ticket {
     use crate::approvals::{ApprovalId, Ticket, TicketStatus};
     Ticket {
+        capability: None,
         id: ApprovalId::mint(),
         workspace: workspace.into(),
         key_name: "agent".into(),

@@ -47,16 +47,46 @@ pub struct ClaimKey {
 pub enum ConnectionSegment {
     Resolved(String),
     Capability,
+    /// The gateway's own tools (`search_tools`), which no connection serves.
+    Gateway,
+}
+
+impl ConnectionSegment {
+    /// As a slot spells it. A connection id is `c` and the id; the others start with `=`,
+    /// which no connection id can, so no id reads back as them (`c` + `ap` once did).
+    fn spelled(&self) -> String {
+        match self {
+            ConnectionSegment::Resolved(id) => format!("c{id}"),
+            ConnectionSegment::Capability => "=cap".to_owned(),
+            ConnectionSegment::Gateway => "=gateway".to_owned(),
+        }
+    }
+
+    fn read(spelled: &str) -> Option<ConnectionSegment> {
+        match spelled {
+            "=cap" => Some(ConnectionSegment::Capability),
+            "=gateway" => Some(ConnectionSegment::Gateway),
+            resolved => Some(ConnectionSegment::Resolved(
+                resolved.strip_prefix('c')?.to_owned(),
+            )),
+        }
+    }
+
+    /// As holders and receipts name it.
+    pub fn label(&self) -> &str {
+        match self {
+            ConnectionSegment::Resolved(id) => id,
+            ConnectionSegment::Capability => "cap",
+            ConnectionSegment::Gateway => "obol",
+        }
+    }
 }
 
 impl ClaimKey {
     /// The storage key. Every part is length-prefixed, so no choice of names can make two
     /// claims collide; the whole is one Redis hash tag, so a claim's keys share a slot.
     pub fn slot(&self) -> String {
-        let connection = match &self.connection {
-            ConnectionSegment::Resolved(id) => format!("c{id}"),
-            ConnectionSegment::Capability => "cap".to_owned(),
-        };
+        let connection = self.connection.spelled();
         let mut slot = String::new();
         for part in [
             self.workspace.as_str(),
@@ -83,13 +113,9 @@ impl ClaimKey {
         if !rest.is_empty() {
             return None;
         }
-        let connection = match parts[1] {
-            "cap" => ConnectionSegment::Capability,
-            resolved => ConnectionSegment::Resolved(resolved.strip_prefix('c')?.to_owned()),
-        };
         Some(ClaimKey {
             workspace: parts[0].to_owned(),
-            connection,
+            connection: ConnectionSegment::read(parts[1])?,
             tool: parts[2].to_owned(),
             key: IdempotencyKey::parse(parts[3]).ok()?,
         })
@@ -135,6 +161,9 @@ pub struct Receipt {
     /// An `Unknown tool` refusal: readable by the workspace owner only.
     #[serde(default)]
     pub refusal: bool,
+    /// A capability call's routing decision: which provider, why, and what was passed over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capability: Option<crate::capability::router::Decision>,
     pub created_at_ms: u64,
     pub finalized_at_ms: u64,
 }
@@ -184,6 +213,7 @@ pub struct StoreError(pub String);
 pub enum Registry {
     Keys,
     Publications,
+    Capabilities,
 }
 
 impl Registry {
@@ -191,6 +221,7 @@ impl Registry {
         match self {
             Registry::Keys => "keys",
             Registry::Publications => "publications",
+            Registry::Capabilities => "capabilities",
         }
     }
 }
@@ -509,4 +540,30 @@ pub(crate) fn decided(mut ticket: Ticket, decision: Decision, at_ms: u64) -> Tic
         Decision::Denied => crate::approvals::TicketStatus::Denied { at_ms },
     };
     ticket
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_slot_reads_back_as_the_key_it_was_made_from() {
+        let key = IdempotencyKey::parse("idt_property-key-00001").unwrap();
+        for connection in [
+            ConnectionSegment::Resolved("stripe-main".into()),
+            // `c` + `ap` is the old capability spelling: it must stay a connection.
+            ConnectionSegment::Resolved("ap".into()),
+            ConnectionSegment::Resolved("=cap".into()),
+            ConnectionSegment::Capability,
+            ConnectionSegment::Gateway,
+        ] {
+            let claim = ClaimKey {
+                workspace: "acme".into(),
+                connection,
+                tool: "cap.refund".into(),
+                key: key.clone(),
+            };
+            assert_eq!(ClaimKey::from_slot(&claim.slot()), Some(claim.clone()));
+        }
+    }
 }

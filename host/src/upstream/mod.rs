@@ -117,7 +117,7 @@ impl<'a> Target<'a> {
                 connection,
                 upstream,
             }),
-            ConnectionKind::Component { .. } => None,
+            ConnectionKind::Component { .. } | ConnectionKind::Virtual => None,
         }
     }
 }

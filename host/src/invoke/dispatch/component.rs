@@ -140,7 +140,9 @@ pub async fn render(
 fn connector(route: &Route) -> Result<&Arc<Connector>, ObolError> {
     match &route.served_by {
         ServedBy::Component { connector, .. } => Ok(connector),
-        ServedBy::Upstream { .. } => Err(ObolError::Internal),
+        ServedBy::Upstream { .. } | ServedBy::Gateway(_) | ServedBy::Capability { .. } => {
+            Err(ObolError::Internal)
+        }
     }
 }
 

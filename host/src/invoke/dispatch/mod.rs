@@ -13,6 +13,7 @@
 //! (a broker in between) is a property of a component's route, not a kind.
 
 pub mod component;
+pub mod gateway;
 pub mod upstream;
 
 use std::sync::Arc;
@@ -21,10 +22,11 @@ use serde_json::Value;
 
 use super::authorize::Authorized;
 use super::{Answer, Services};
-use crate::catalog::{Route, ServedBy, StatusClass};
+use crate::catalog::{Catalog, Route, ServedBy, StatusClass};
 use crate::error::ObolError;
 use crate::idempotency::RequestHash;
 use crate::outbound::{AttemptOutcome, VendorReply};
+use crate::policy::VirtualKey;
 use crate::store::{ClaimKey, ConnectionSegment, Pin};
 
 /// A request ready to be sent, one variant per connector kind.
@@ -32,6 +34,7 @@ use crate::store::{ClaimKey, ConnectionSegment, Pin};
 pub enum Request {
     Component(component::Request),
     Upstream(upstream::Request),
+    Gateway(gateway::Request),
 }
 
 /// One attempt, classified by the host.
@@ -51,11 +54,33 @@ pub enum Outcome {
     },
 }
 
+impl Outcome {
+    /// What the attempt says of its connection's health: it could not be reached, did not
+    /// answer, or answered retryable; or it answered. The gateway's own answers say nothing.
+    pub fn signal(&self) -> Option<crate::capability::breaker::Signal> {
+        use crate::capability::breaker::Signal;
+        Some(match self {
+            Outcome::Replied {
+                reply: Reply::Gateway(_),
+                ..
+            } => return None,
+            Outcome::NotSent | Outcome::SentNoReply => Signal::Failed,
+            Outcome::Replied {
+                class: StatusClass::Retryable,
+                ..
+            } => Signal::Failed,
+            Outcome::Replied { .. } | Outcome::TooLarge { .. } => Signal::Answered,
+        })
+    }
+}
+
 /// What came back, for the kind that renders it.
 #[derive(Debug)]
 pub enum Reply {
     Vendor(VendorReply),
     Upstream(crate::upstream::session::Answer),
+    /// The gateway's own answer (`search_tools`).
+    Gateway(Value),
 }
 
 impl Reply {
@@ -64,7 +89,7 @@ impl Reply {
         match self {
             Reply::Vendor(reply) => Some(reply.status),
             Reply::Upstream(crate::upstream::session::Answer::Status(status)) => Some(*status),
-            Reply::Upstream(_) => None,
+            Reply::Upstream(_) | Reply::Gateway(_) => None,
         }
     }
 }
@@ -93,8 +118,13 @@ impl Planned {
 
 /// Prepares the request and pins what it would do. Nothing is written and nothing is sent,
 /// so every failure here leaves no trace but the error.
-pub async fn prepare(services: &Services, authorized: Authorized) -> Result<Planned, Answer> {
-    match plan(services, &authorized).await {
+pub async fn prepare(
+    services: &Services,
+    catalog: &Catalog,
+    key: &VirtualKey,
+    authorized: Authorized,
+) -> Result<Planned, Answer> {
+    match plan(services, catalog, key, &authorized).await {
         Ok((request, pin, claim_key)) => Ok(Planned {
             authorized,
             request,
@@ -107,15 +137,18 @@ pub async fn prepare(services: &Services, authorized: Authorized) -> Result<Plan
 
 async fn plan(
     services: &Services,
+    catalog: &Catalog,
+    key: &VirtualKey,
     authorized: &Authorized,
 ) -> Result<(Request, Pin, ClaimKey), ObolError> {
     let routed = &authorized.routed;
     let route = &routed.route;
     let arguments = Value::Object(routed.parsed.arguments.clone());
-    let key = &routed.parsed.idempotency_key;
+    let idempotency_key = &routed.parsed.idempotency_key;
     let (request, destination) = match &route.served_by {
         ServedBy::Component { connector, .. } => {
-            let (request, facts) = component::prepare(services, route, &arguments, key).await?;
+            let (request, facts) =
+                component::prepare(services, route, &arguments, idempotency_key).await?;
             let destination = format!(
                 "{}@{} {}",
                 connector.manifest.name, connector.manifest.version, facts
@@ -123,16 +156,34 @@ async fn plan(
             (Request::Component(request), destination)
         }
         ServedBy::Upstream { id, .. } => {
-            let (request, facts) = upstream::prepare(route, id, &routed.parsed.arguments, key)?;
+            let (request, facts) =
+                upstream::prepare(route, id, &routed.parsed.arguments, idempotency_key)?;
             (Request::Upstream(request), facts)
         }
+        ServedBy::Gateway(_) => {
+            let (request, facts) =
+                gateway::prepare(services, catalog, key, route, &routed.parsed.arguments)?;
+            (Request::Gateway(request), facts)
+        }
+        // Resolved to a provider before authorization; never sent as itself.
+        ServedBy::Capability { .. } => return Err(ObolError::Internal),
     };
-    let pin = Pin::new(
-        RequestHash::of_arguments(&arguments),
-        route.tool().effect.propagation.pinned(),
+    let capability = authorized.capability.as_ref();
+    // A capability call's slot is the capability's, whatever it resolved to (ADR-0044): the
+    // client's arguments are its request hash, and the provider joins the destination.
+    let (hashed, destination) = match capability {
+        Some(resolution) => (
+            Value::Object(resolution.arguments.clone()),
+            format!("{} {} {destination}", route.name, route.connection.id),
+        ),
         // The connection is part of the destination: an approval or a claim for one vendor
         // account can never be spent on another, even with the same origin.
-        format!("{} {destination}", route.connection.id),
+        None => (arguments, format!("{} {destination}", route.connection.id)),
+    };
+    let pin = Pin::new(
+        RequestHash::of_arguments(&hashed),
+        route.tool().effect.propagation.pinned(),
+        destination,
     );
     // An approval for one destination or one set of arguments cannot be spent on another.
     if let Some(grant) = &routed.parsed.grant
@@ -140,11 +191,22 @@ async fn plan(
     {
         return Err(ObolError::IdempotencyConflict);
     }
+    let (connection, tool) = match (capability, &route.served_by) {
+        (Some(resolution), _) => (
+            ConnectionSegment::Capability,
+            resolution.route.name.as_str(),
+        ),
+        (None, ServedBy::Gateway(_)) => (ConnectionSegment::Gateway, route.name.as_str()),
+        (None, _) => (
+            ConnectionSegment::Resolved(route.connection.id.clone()),
+            route.name.as_str(),
+        ),
+    };
     let claim_key = ClaimKey {
         workspace: routed.caller.workspace.clone(),
-        connection: ConnectionSegment::Resolved(route.connection.id.clone()),
-        tool: route.name.as_str().to_owned(),
-        key: key.clone(),
+        connection,
+        tool: tool.to_owned(),
+        key: idempotency_key.clone(),
     };
     Ok((request, pin, claim_key))
 }
@@ -175,6 +237,7 @@ pub async fn send(services: &Services, planned: &Planned) -> Outcome {
             }
         }
         Request::Upstream(request) => upstream::send(services, request).await,
+        Request::Gateway(request) => gateway::send(request),
     }
 }
 
@@ -212,6 +275,7 @@ pub async fn render(
     match reply {
         Reply::Vendor(reply) => component::render(services, route, class, reply).await,
         Reply::Upstream(answer) => upstream::render(services, route, class, answer),
+        Reply::Gateway(answer) => gateway::render(route, class, answer),
     }
 }
 
