@@ -11,6 +11,8 @@
 //! - `lifecycle`: attempt accounting over every path, hang-ups, unrecorded outcomes, key echo.
 //! - `brokers`: federated connectors (Nango- and Composio-shaped) through a mock broker; the
 //!   host's retry-off directive, evidence classes; contract 0.1.0 components.
+//! - `capabilities`: `cap.*` routed across a component and an MCP upstream provider: breaker
+//!   failover for new keys, recorded routes for retries, pins, visibility, `POST /v1/route`.
 //! - `progressive`: progressive mode (`search_tools`, `call_tool`) through rmcp's client.
 //! - `upstreams`: remote MCP servers (`kind = "mcp"`): a misbehaving mock and the official
 //!   reference server, through the same lifecycle.
@@ -20,6 +22,7 @@ mod support;
 mod admin;
 mod approvals;
 mod brokers;
+mod capabilities;
 mod hostile;
 mod idempotency;
 mod lifecycle;

@@ -1,0 +1,349 @@
+//! Capabilities through rmcp's client: `cap.refund` routed across a component provider
+//! (`stripe.create_refund`, on the mock vendor) and an MCP upstream provider (`backup.refund`,
+//! on the mock upstream). New calls fail over once a breaker opens; a same-key retry stays on
+//! the route its slot recorded; a pin change never redirects a retry; visibility and
+//! `no_eligible_route` follow the key's reach; `POST /v1/route` and `find_capability` answer
+//! the decision without dispatching.
+//!
+//! Multi-threaded: the gateway lists its upstream before it serves, while the test waits.
+
+use serde_json::{Value, json};
+
+use crate::idempotency::{key, meta, receipt};
+use crate::support::gateway::Key;
+use crate::support::upstream::MockUpstream;
+use crate::support::{
+    GatewayConfig, GatewayProcess, McpClient, MockVendor, RawMcp, Reply, TOKEN, key_hash,
+};
+
+const ADMIN: &str = "oba_test_admin_token";
+/// Reaches both providers and may ask `POST /v1/route`.
+const ROUTER: &str = "obk_cap_router";
+/// Reaches the capability but only the stripe provider.
+const STRIPE_ONLY: &str = "obk_cap_stripe_only";
+/// Reaches the capability and no provider.
+const NO_PROVIDER: &str = "obk_cap_no_provider";
+
+fn refund_tool() -> Value {
+    json!({
+        "name": "refund",
+        "description": "Refunds a charge at the backup processor.",
+        "inputSchema": {
+            "type": "object",
+            "properties": {"charge": {"type": "string"}, "amount": {"type": "integer"}},
+            "required": ["charge", "amount"],
+        },
+    })
+}
+
+fn config(vendor: &MockVendor, upstream: &MockUpstream) -> GatewayConfig {
+    let mut config = GatewayConfig::new(&vendor.base_url());
+    config.acme_connections = format!(
+        r#"[[workspaces.connections]]
+id = "backup-main"
+kind = "mcp"
+url = "{}"
+prefix = "backup"
+
+[[workspaces.capabilities]]
+name = "cap.refund"
+description = "Give a customer's money back for a payment."
+input_schema = {{ type = "object", properties = {{ payment = {{ type = "string" }}, cents = {{ type = "integer" }} }}, required = ["payment", "cents"] }}
+
+[[workspaces.capabilities.providers]]
+tool = "stripe.create_refund"
+priority = 1
+map = {{ charge = "payment", amount = "cents" }}
+
+[[workspaces.capabilities.providers]]
+tool = "backup.refund"
+priority = 2
+map = {{ charge = "payment", amount = "cents" }}
+"#,
+        upstream.url()
+    );
+    config.extra = format!(
+        "\n[admin]\ntoken_hash = \"{}\"\n[routing]\nbreaker_failures = 2\nbreaker_cooldown_ms = 600000\n",
+        key_hash(ADMIN)
+    );
+    let mut router = Key::new(ROUTER, "acme", &["*"]);
+    router.scopes = vec!["mcp".into(), "receipts".into(), "route".into()];
+    config.keys.push(router);
+    config
+        .keys
+        .push(Key::new(STRIPE_ONLY, "acme", &["cap.*", "stripe.*"]));
+    config.keys.push(Key::new(NO_PROVIDER, "acme", &["cap.*"]));
+    config
+}
+
+fn decision(result: &rmcp::model::CallToolResult) -> Value {
+    meta(result)["capability"].clone()
+}
+
+fn payment() -> Value {
+    json!({"payment": "ch_cap", "cents": 700})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_calls_fail_over_once_the_breaker_opens_and_retries_keep_their_route() {
+    let vendor = MockVendor::start().await;
+    vendor.on("/v1/refunds", Reply::json(503, json!({"error": "down"})));
+    let upstream = MockUpstream::start_with(vec![refund_tool()]).await;
+    let gateway = GatewayProcess::start(&config(&vendor, &upstream));
+
+    // The first call goes to the first provider by priority, which answers 503 twice (the
+    // call and its one retry): two failures open its breaker.
+    let first_key = key("cap-first");
+    let first = McpClient::with_key(&gateway.url, TOKEN, &first_key).await;
+    let failed = first.call("cap.refund", payment()).await.unwrap();
+    assert_eq!(decision(&failed)["provider"], json!("stripe.create_refund"));
+    assert_eq!(decision(&failed)["why"], json!("priority"));
+    assert_eq!(vendor.count("/v1/refunds"), 2);
+    // The provider got its own arguments, mapped from the capability's.
+    assert!(
+        vendor.seen()[0].body_text().contains("charge=ch_cap"),
+        "{}",
+        vendor.seen()[0].body_text()
+    );
+
+    // A new key: the breaker is open, so the next provider takes it.
+    let second = McpClient::with_key(&gateway.url, TOKEN, &key("cap-second")).await;
+    let moved = second.call("cap.refund", payment()).await.unwrap();
+    assert_eq!(moved.is_error, Some(false), "{moved:?}");
+    let routed = decision(&moved);
+    assert_eq!(routed["provider"], json!("backup.refund"));
+    assert_eq!(routed["connection"], json!("backup-main"));
+    assert_eq!(
+        routed["passed_over"][0]["provider"],
+        json!("stripe.create_refund")
+    );
+    assert_eq!(routed["passed_over"][0]["why"], json!("circuit_open"));
+    assert_eq!(upstream.calls_to("refund"), 1);
+    assert_eq!(
+        upstream.calls()[0].arguments,
+        json!({"charge": "ch_cap", "amount": 700})
+    );
+    // The receipt names the capability, the provider and why.
+    let id = meta(&moved)["receipt_id"].as_str().unwrap().to_owned();
+    let stored = receipt(&gateway, &id).await;
+    assert_eq!(stored["tool"], json!("cap.refund"));
+    assert_eq!(stored["connection"], json!("backup-main"));
+    assert_eq!(stored["capability"]["provider"], json!("backup.refund"));
+    assert_eq!(stored["attempt_count"], json!(1));
+
+    // The first call's retry, under its own key, stays on its recorded route: the breaker
+    // never moves a call that may already have had an effect.
+    let retried = first.call("cap.refund", payment()).await.unwrap();
+    assert_eq!(
+        decision(&retried)["provider"],
+        json!("stripe.create_refund")
+    );
+    assert_eq!(decision(&retried)["why"], json!("recorded"));
+    assert!(
+        vendor.count("/v1/refunds") > 2,
+        "the retry was resent to stripe"
+    );
+    assert_eq!(
+        upstream.calls_to("refund"),
+        1,
+        "nothing moved to the backup"
+    );
+
+    // Other arguments under the first key conflict, whatever the route now is.
+    let (code, _, _) = first
+        .call_err("cap.refund", json!({"payment": "ch_cap", "cents": 701}))
+        .await;
+    assert_eq!(code, -32019);
+    first.close().await;
+    second.close().await;
+}
+
+async fn admin(
+    gateway: &GatewayProcess,
+    method: reqwest::Method,
+    path: &str,
+    body: Value,
+) -> (u16, Value) {
+    let url = gateway.url.replace("/mcp", path);
+    let response = reqwest::Client::new()
+        .request(method, url)
+        .bearer_auth(ADMIN)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_after_a_pin_change_replays_the_first_providers_result() {
+    let vendor = MockVendor::start().await;
+    vendor.on(
+        "/v1/refunds",
+        Reply::json(
+            200,
+            json!({"id": "re_stripe", "object": "refund", "amount": 700, "charge": "ch_cap", "status": "succeeded"}),
+        ),
+    );
+    let upstream = MockUpstream::start_with(vec![refund_tool()]).await;
+    let gateway = GatewayProcess::start(&config(&vendor, &upstream));
+    let (status, created) = admin(
+        &gateway,
+        reqwest::Method::POST,
+        "/v1/admin/keys",
+        json!({
+            "name": "pinned-agent", "workspace": "acme", "environment": "dev",
+            "allowed_tools": ["*"], "capability_pins": {"cap.refund": "backup-main"},
+        }),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    let token = created["token"].as_str().unwrap().to_owned();
+
+    let k = key("cap-pin");
+    let client = McpClient::with_key(&gateway.url, &token, &k).await;
+    let first = client.call("cap.refund", payment()).await.unwrap();
+    assert_eq!(decision(&first)["provider"], json!("backup.refund"));
+    assert_eq!(decision(&first)["why"], json!("pinned"));
+
+    // The operator pins the key to stripe: new calls go there, the old one's retry does not.
+    let (status, answer) = admin(
+        &gateway,
+        reqwest::Method::PUT,
+        "/v1/admin/keys/pinned-agent/capability_pins",
+        json!({"cap.refund": "stripe-main"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    let again = client.call("cap.refund", payment()).await.unwrap();
+    assert_eq!(meta(&again)["replayed"], json!(true));
+    assert_eq!(again.content, first.content);
+    assert_eq!(meta(&again)["receipt_id"], meta(&first)["receipt_id"]);
+    assert_eq!(vendor.count("/v1/refunds"), 0);
+    assert_eq!(upstream.calls_to("refund"), 1);
+
+    let fresh = McpClient::with_key(&gateway.url, &token, &key("cap-pin-new")).await;
+    let moved = fresh.call("cap.refund", payment()).await.unwrap();
+    assert_eq!(decision(&moved)["provider"], json!("stripe.create_refund"));
+    assert_eq!(decision(&moved)["why"], json!("pinned"));
+    assert_eq!(vendor.count("/v1/refunds"), 1);
+
+    // A pin that names no capability is refused, and changes nothing.
+    let (status, _) = admin(
+        &gateway,
+        reqwest::Method::PUT,
+        "/v1/admin/keys/pinned-agent/capability_pins",
+        json!({"refund": "stripe-main"}),
+    )
+    .await;
+    assert_eq!(status, 400);
+    client.close().await;
+    fresh.close().await;
+}
+
+/// The answer to `tools/call` of `name` (JSON-RPC id 7), without headers that vary.
+async fn answer(gateway: &GatewayProcess, token: &str, name: &str, arguments: Value) -> String {
+    let raw = RawMcp::new(&gateway.url);
+    let (session, _) = raw.initialize(token, "2025-11-25").await;
+    raw.request(
+        token,
+        &session,
+        7,
+        "tools/call",
+        json!({"name": name, "arguments": arguments}),
+    )
+    .await
+    .body
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn visibility_follows_reach_and_no_eligible_route_names_only_the_capability() {
+    let vendor = MockVendor::start().await;
+    vendor.on("/v1/refunds", Reply::json(503, json!({"error": "down"})));
+    let upstream = MockUpstream::start_with(vec![refund_tool()]).await;
+    let gateway = GatewayProcess::start(&config(&vendor, &upstream));
+
+    // Listed with find_capability for a key that reaches a provider...
+    let router = McpClient::connect(&gateway.url, ROUTER).await;
+    let names = router.tool_names().await;
+    assert!(names.contains(&"cap.refund".to_owned()), "{names:?}");
+    assert!(names.contains(&"find_capability".to_owned()), "{names:?}");
+    let card = router
+        .list_tools()
+        .await
+        .into_iter()
+        .find(|t| t.name == "cap.refund")
+        .unwrap();
+    assert_eq!(card.input_schema["required"], json!(["payment", "cents"]));
+
+    // ...and invisible, byte for byte, to a key that reaches none.
+    let none = McpClient::connect(&gateway.url, NO_PROVIDER).await;
+    assert!(none.tool_names().await.is_empty());
+    let absent = answer(&gateway, NO_PROVIDER, "cap.nope", payment()).await;
+    assert!(absent.contains("Unknown tool"), "{absent}");
+    assert_eq!(
+        answer(&gateway, NO_PROVIDER, "cap.refund", payment()).await,
+        absent
+    );
+
+    // Arguments the card refuses are refused before any provider is asked.
+    let (code, message, _) = router.call_err("cap.refund", json!({"payment": 1})).await;
+    assert_eq!(code, -32602, "{message}");
+
+    // POST /v1/route answers the decision without dispatching (scope `route`).
+    let ask = |token: &'static str| {
+        let url = gateway.url.replace("/mcp", "/v1/route");
+        async move {
+            let response = reqwest::Client::new()
+                .post(url)
+                .bearer_auth(token)
+                .json(&json!({"capability": "cap.refund", "arguments": payment()}))
+                .send()
+                .await
+                .unwrap();
+            let status = response.status().as_u16();
+            (status, response.json::<Value>().await.unwrap())
+        }
+    };
+    let (status, routed) = ask(ROUTER).await;
+    assert_eq!(status, 200, "{routed}");
+    assert_eq!(routed["provider"], json!("stripe.create_refund"));
+    assert_eq!(
+        routed["provider_arguments"],
+        json!({"charge": "ch_cap", "amount": 700})
+    );
+    let (status, refused) = ask(STRIPE_ONLY).await;
+    assert_eq!(status, 403, "{refused}");
+    assert_eq!(vendor.count("/v1/refunds"), 0, "route dispatches nothing");
+    // find_capability is its MCP mirror.
+    let found = router
+        .call(
+            "find_capability",
+            json!({"capability": "cap.refund", "arguments": payment()}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        found.structured_content.as_ref().unwrap()["provider"],
+        json!("stripe.create_refund")
+    );
+
+    // A key that reaches only stripe: once its breaker is open, no_eligible_route, naming
+    // nothing but the capability (not the backup it cannot see).
+    let stripe_only = McpClient::with_key(&gateway.url, STRIPE_ONLY, &key("cap-open")).await;
+    stripe_only.call("cap.refund", payment()).await.unwrap();
+    let body = answer(&gateway, STRIPE_ONLY, "cap.refund", payment()).await;
+    assert!(body.contains("no_eligible_route"), "{body}");
+    assert!(
+        body.contains("cap.refund") && !body.contains("backup"),
+        "{body}"
+    );
+    // The router key still reaches the backup.
+    let (_, routed) = ask(ROUTER).await;
+    assert_eq!(routed["provider"], json!("backup.refund"));
+    assert_eq!(routed["passed_over"][0]["why"], json!("circuit_open"));
+    router.close().await;
+    none.close().await;
+    stripe_only.close().await;
+}
