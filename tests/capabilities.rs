@@ -23,6 +23,9 @@ const ROUTER: &str = "obk_cap_router";
 const STRIPE_ONLY: &str = "obk_cap_stripe_only";
 /// Reaches the capability and no provider.
 const NO_PROVIDER: &str = "obk_cap_no_provider";
+/// Reaches every provider, but Cedar forbids it the capability (`key-5`).
+const DENIED: &str = "obk_cap_denied";
+const OWNER: &str = "obo_acme_cap_owner";
 
 fn refund_tool() -> Value {
     json!({
@@ -262,7 +265,16 @@ async fn visibility_follows_reach_and_no_eligible_route_names_only_the_capabilit
     let vendor = MockVendor::start().await;
     vendor.on("/v1/refunds", Reply::json(503, json!({"error": "down"})));
     let upstream = MockUpstream::start_with(vec![refund_tool()]).await;
-    let gateway = GatewayProcess::start(&config(&vendor, &upstream));
+    let mut config = config(&vendor, &upstream);
+    config.keys.push(Key::new(DENIED, "acme", &["*"]));
+    config.owner = Some(OWNER.into());
+    config.publications = vec![(
+        1,
+        r#"@id("all") permit(principal, action, resource);
+@id("no-capability-for-key-5") forbid(principal == Obol::Key::"key-5", action, resource == Obol::Tool::"cap.refund");"#
+            .into(),
+    )];
+    let gateway = GatewayProcess::start(&config);
 
     // Listed with find_capability for a key that reaches a provider...
     let router = McpClient::connect(&gateway.url, ROUTER).await;
@@ -285,6 +297,49 @@ async fn visibility_follows_reach_and_no_eligible_route_names_only_the_capabilit
     assert_eq!(
         answer(&gateway, NO_PROVIDER, "cap.refund", payment()).await,
         absent
+    );
+    // So is a capability Cedar forbids, to a key that reaches its providers; the owner's
+    // refusal receipt names the policy and the provider the router would have picked.
+    assert_eq!(
+        answer(&gateway, DENIED, "cap.refund", payment()).await,
+        absent
+    );
+    let refusals = loop {
+        let receipts = crate::lifecycle::receipts(&gateway, OWNER).await;
+        let refusals: Vec<Value> = receipts
+            .into_iter()
+            .filter(|r| r["refusal"] == json!(true) && r["tool"] == json!("cap.refund"))
+            .collect();
+        if refusals.len() >= 2 {
+            break refusals;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    let denied = refusals
+        .iter()
+        .find(|r| r["key_name"] == json!("key-5"))
+        .unwrap();
+    assert!(
+        denied["matched_policies"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("no-capability-for-key-5")),
+        "{denied}"
+    );
+    assert_eq!(
+        denied["capability"]["provider"],
+        json!("stripe.create_refund")
+    );
+    let unreachable = refusals
+        .iter()
+        .find(|r| r["key_name"] == json!("key-4"))
+        .unwrap();
+    assert!(
+        unreachable["note"]
+            .as_str()
+            .unwrap()
+            .contains("none of the capability's providers"),
+        "{unreachable}"
     );
 
     // Arguments the card refuses are refused before any provider is asked.
@@ -346,4 +401,233 @@ async fn visibility_follows_reach_and_no_eligible_route_names_only_the_capabilit
     router.close().await;
     none.close().await;
     stripe_only.close().await;
+}
+
+/// The rolling cutover (spec/idempotency.md, the capability-scope note): a Redis store
+/// holding a capability record of the old key layout (claimed under its resolved connection,
+/// written here as an older gateway would) and no layout marker is refused; `obol store
+/// migrate` names the record to drain and deletes nothing; once it is drained (its retention
+/// passed: deleted here as Redis would expire it) the migration marks the store and traffic
+/// flows. Nothing was ever dispatched for the old record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_of_the_old_key_layout_is_refused_until_drained_and_migrated() {
+    use obol::store::{
+        ApprovalBasis, ClaimKey, ClaimRecord, ConnectionSegment, EvidenceClass, Holder, KeySource,
+        Opening, Pin, PinnedBinding,
+    };
+    let redis = crate::support::RedisServer::start();
+    let vendor = MockVendor::start().await;
+    let upstream = MockUpstream::start_with(vec![refund_tool()]).await;
+    let store = obol::store::Store::Redis(
+        obol::store::RedisStore::connect(&redis.url())
+            .await
+            .unwrap(),
+    );
+    let old_key = key("cap-legacy");
+    let old = ClaimKey {
+        workspace: "acme".into(),
+        connection: ConnectionSegment::Resolved("stripe-main".into()),
+        tool: "cap.refund".into(),
+        key: obol::idempotency::IdempotencyKey::parse(&old_key).unwrap(),
+    };
+    let now = obol::clock::now_ms();
+    let record = ClaimRecord::open(
+        Pin::new(
+            obol::idempotency::RequestHash::of_arguments(&payment()),
+            PinnedBinding::Header("idempotency-key".into()),
+            "stripe-main stripe@0.1.0 POST https://api.stripe.com /v1/refunds".into(),
+        ),
+        Holder {
+            workspace: "acme".into(),
+            connection: "stripe-main".into(),
+            tool: "cap.refund".into(),
+            idempotency_key: old_key.clone(),
+            key_hash: key_hash(TOKEN),
+            key_name: "key-0".into(),
+            publication: None,
+            policies: Vec::new(),
+            approval: ApprovalBasis::NotRequired,
+            evidence: EvidenceClass::GatewayObserved,
+            route: Default::default(),
+            capability: None,
+        },
+        Opening::Reserved {
+            lease_until_ms: now + 3_600_000,
+        },
+        "rcp_legacy".into(),
+        KeySource::Supplied,
+        now,
+    );
+    store.claim(&old, &record).await.unwrap();
+
+    let mut config = config(&vendor, &upstream);
+    config.store = Some(format!("redis_url = {:?}", redis.url()));
+    let gateway = GatewayProcess::start(&config);
+    let raw = RawMcp::new(&gateway.url);
+    let (_, refused) = raw.initialize(TOKEN, "2025-11-25").await;
+    assert_eq!(refused.status, 503, "{}", refused.body);
+    assert!(refused.body.contains("layout_mismatch"), "{}", refused.body);
+    assert!(
+        gateway.log().contains("obol store migrate"),
+        "{}",
+        gateway.log()
+    );
+
+    // The migration names what to drain, and leaves it.
+    let config_path = gateway.dir.path().join("obol.toml");
+    let migrate = || {
+        crate::support::gateway::run_obol(&[
+            "store",
+            "migrate",
+            "--config",
+            config_path.to_str().unwrap(),
+        ])
+    };
+    let (code, out, err) = migrate();
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        out.contains("cap.refund") && out.contains("stripe-main") && out.contains("drain"),
+        "{out}"
+    );
+    assert_eq!(store.get(&old).await.unwrap(), Some(record));
+
+    // Drained: the old record's retention passed.
+    let slot = old.slot();
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut connection = client.get_connection().unwrap();
+    let _: () = redis::cmd("DEL")
+        .arg(format!("obol:{{{slot}}}:claim"))
+        .query(&mut connection)
+        .unwrap();
+    let (code, out, err) = migrate();
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("\"migrated\":true"), "{out}");
+
+    // Within a heartbeat, the gateway admits traffic; the same logical call, under the new
+    // layout, is one new call.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    loop {
+        let (_, response) = raw.initialize(TOKEN, "2025-11-25").await;
+        if response.status == 200 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{}", gateway.log());
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        vendor.count("/v1/refunds"),
+        0,
+        "nothing was dispatched while refused"
+    );
+    assert_eq!(upstream.calls_to("refund"), 0);
+}
+
+/// In prod, a capability is as destructive as the provider it resolves to: the call is held,
+/// its ticket names the capability and the provider, and the approval is bound to that
+/// provider. With the provider removed from the capability (through the admin API), the
+/// approved call conflicts instead of running on another; put back, it runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_capability_call_names_both_tools_and_its_approval_is_bound_to_the_provider() {
+    use crate::approvals::{AGENT, approve, prod_config_at, resumer};
+    let vendor = MockVendor::start().await;
+    vendor.on(
+        "/v1/refunds",
+        Reply::json(
+            200,
+            json!({"id": "re_held", "object": "refund", "amount": 700, "charge": "ch_cap", "status": "succeeded"}),
+        ),
+    );
+    let upstream = MockUpstream::start_with(vec![refund_tool()]).await;
+    let mut config = prod_config_at(&vendor.base_url());
+    for tool in ["cap.refund", "backup.refund"] {
+        config.keys[0].allowed_tools.push(tool.into());
+    }
+    config.acme_connections = format!(
+        "[[workspaces.connections]]\nid = \"backup-main\"\nkind = \"mcp\"\nurl = \"{}\"\nprefix = \"backup\"\n",
+        upstream.url()
+    );
+    config.extra = format!("\n[admin]\ntoken_hash = \"{}\"\n", key_hash(ADMIN));
+    let gateway = GatewayProcess::start(&config);
+    let declare = |providers: &[&str]| {
+        let providers: Vec<Value> = providers
+            .iter()
+            .enumerate()
+            .map(|(priority, tool)| {
+                json!({"tool": tool, "priority": priority, "map": {"charge": "payment", "amount": "cents"}})
+            })
+            .collect();
+        json!({
+            "name": "cap.refund",
+            "description": "Give a customer's money back for a payment.",
+            "input_schema": {"type": "object", "properties": {"payment": {"type": "string"}, "cents": {"type": "integer"}}, "required": ["payment", "cents"]},
+            "providers": providers,
+        })
+    };
+    let path = "/v1/admin/workspaces/acme/capabilities/cap.refund";
+    let (status, answer) = admin(
+        &gateway,
+        reqwest::Method::PUT,
+        path,
+        declare(&["stripe.create_refund", "backup.refund"]),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    let (_, listed) = admin(
+        &gateway,
+        reqwest::Method::GET,
+        "/v1/admin/workspaces/acme/capabilities",
+        Value::Null,
+    )
+    .await;
+    assert_eq!(
+        listed["capabilities"][0]["providers"],
+        json!(["stripe.create_refund", "backup.refund"]),
+        "{listed}"
+    );
+
+    let k = key("cap-held");
+    let agent = McpClient::with_key(&gateway.url, AGENT, &k).await;
+    let (code, _, data) = agent.call_err("cap.refund", payment()).await;
+    assert_eq!(code, -32003, "{data:?}");
+    let approval = &data.unwrap()["approval"];
+    assert_eq!(approval["tool"], json!("cap.refund"));
+    assert_eq!(approval["provider"], json!("stripe.create_refund"));
+    let id = approval["approval_id"].as_str().unwrap().to_owned();
+    let token = approve(&gateway, &id).await;
+
+    // The operator takes stripe out of the capability: the approval is not spent elsewhere.
+    let (status, _) = admin(
+        &gateway,
+        reqwest::Method::PUT,
+        path,
+        declare(&["backup.refund"]),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let resumed = resumer(&gateway, AGENT, &id, &token, Some(&k)).await;
+    let (code, _, _) = resumed.call_err("cap.refund", payment()).await;
+    assert_eq!(
+        code, -32019,
+        "an approval for stripe was spent on another provider"
+    );
+    assert_eq!(vendor.count("/v1/refunds"), 0);
+    assert_eq!(upstream.calls_to("refund"), 0);
+
+    // Back in the capability, the approved call runs, once, on stripe.
+    let (status, _) = admin(
+        &gateway,
+        reqwest::Method::PUT,
+        path,
+        declare(&["stripe.create_refund", "backup.refund"]),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let done = resumed.call("cap.refund", payment()).await.unwrap();
+    assert_eq!(done.is_error, Some(false), "{done:?}");
+    assert_eq!(decision(&done)["provider"], json!("stripe.create_refund"));
+    assert_eq!(decision(&done)["why"], json!("recorded"));
+    assert_eq!(vendor.count("/v1/refunds"), 1);
+    assert_eq!(upstream.calls_to("refund"), 0);
+    agent.close().await;
+    resumed.close().await;
 }

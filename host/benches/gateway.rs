@@ -7,7 +7,9 @@
 //! round trips; the guest's own cost (instantiate + prepare + interpret); `tools/list`
 //! rendering for a key over 1,000 tools; and resident memory with 50 compiled connectors
 //! loaded; and an MCP upstream's tool called directly from rmcp's client and through Obol, with
-//! the native path beside it, plus a `tools/list` fanned out over 20 cached upstreams. Client,
+//! the native path beside it, plus a `tools/list` fanned out over 20 cached upstreams; a
+//! capability's routing decision, and a `cap.*` call against its provider called directly
+//! through Obol (alternating, one call each, so both see the same machine). Client,
 //! gateway, Redis, mock vendor and mock upstream share the machine's cores.
 
 use std::sync::Arc;
@@ -61,6 +63,10 @@ fn main() {
     }
     if wanted("search") {
         search_over_10000_tools();
+    }
+    if wanted("capability") {
+        routing_decision();
+        runtime.block_on(capability_overhead());
     }
 }
 
@@ -1077,4 +1083,187 @@ fn search_over_10000_tools() {
         us(p50),
         us(p99)
     );
+}
+
+/// A capability routing decision over five providers, from a key's cached view: the router
+/// alone, and with the argument mapping a call then applies.
+fn routing_decision() {
+    use obol::capability::router::{self, Availability};
+    let runtime = bench_runtime();
+    let connectors = fifty_connectors(&runtime);
+    let mut toml = String::from("[[workspaces]]\nid = \"bench\"\n");
+    for c in &connectors {
+        toml.push_str(&format!(
+            "[[workspaces.connections]]\nid = \"{0}\"\nconnector = \"{0}\"\nbase_url = \"http://127.0.0.1:9\"\n",
+            c.manifest.name
+        ));
+    }
+    toml.push_str(
+        "[[workspaces.capabilities]]\nname = \"cap.refund\"\ndescription = \"Refund\"\ninput_schema = { type = \"object\", properties = { payment = { type = \"string\" }, cents = { type = \"integer\" } }, required = [\"payment\", \"cents\"] }\n",
+    );
+    for (priority, connector) in ["conn00", "conn01", "conn02", "conn03", "conn04"]
+        .iter()
+        .enumerate()
+    {
+        toml.push_str(&format!(
+            "[[workspaces.capabilities.providers]]\ntool = \"{connector}.tool_00.run\"\npriority = {priority}\nmap = {{ charge = \"payment\", amount = \"cents\" }}\n"
+        ));
+    }
+    let config = Config::parse(&toml, std::path::Path::new(".")).unwrap();
+    let catalog = Catalog::build(connectors, &config.workspaces, &Default::default());
+    assert!(catalog.problems.is_empty(), "{:?}", catalog.problems);
+    let mut key = VirtualKey {
+        name: "bench".into(),
+        hash: KeyHash::of_token(TOKEN),
+        workspace: "bench".into(),
+        environment: Environment::Dev,
+        allowed_tools: vec![ToolGlob::parse("*").unwrap()],
+        scopes: vec![Scope::Mcp],
+        filter: None,
+        policy: PolicyPin::Latest,
+        tools_mode: Default::default(),
+        capability_pins: Default::default(),
+    };
+    // The key's pin names the fourth provider: the router passes three over to reach it.
+    key.capability_pins
+        .insert("cap.refund".into(), "conn03".into());
+    let route = catalog.route("bench", "cap.refund").unwrap().clone();
+    let capability = route.capability().unwrap().clone();
+    let arguments = json!({"payment": "ch_1", "cents": 500});
+    let arguments = arguments.as_object().unwrap();
+    let view = catalog.view(&key);
+    let mut decide = Vec::new();
+    let mut mapped = Vec::new();
+    for round in 0..20_000 {
+        let started = Instant::now();
+        let (index, decision) = router::route(
+            "cap.refund",
+            &capability,
+            &key,
+            |route| view.verdicts.contains_key(route.name.as_str()),
+            // Every other provider's breaker is open: the decision records why.
+            |provider| {
+                if provider.route.connection.id == "conn03" || round % 2 == 0 {
+                    Availability::Available
+                } else {
+                    Availability::CircuitOpen { until_ms: 1 }
+                }
+            },
+        )
+        .unwrap();
+        decide.push(started.elapsed());
+        std::hint::black_box(&decision);
+        let started = Instant::now();
+        std::hint::black_box(
+            capability.providers[index]
+                .mapping
+                .apply(arguments)
+                .unwrap(),
+        );
+        mapped.push(started.elapsed());
+    }
+    let (d50, d99) = percentiles(&mut decide);
+    let (m50, _) = percentiles(&mut mapped);
+    println!(
+        "\ncapability routing decision over 5 providers from the key's cached view: p50 {} p99 {}; argument mapping p50 {}   (target: decision p50 <= 20 us)",
+        us(d50),
+        us(d99),
+        us(m50)
+    );
+}
+
+/// A `cap.*` call against its provider called directly, through one in-process gateway,
+/// alternating one call of each (c=1), on the embedded store and with claims in RAM.
+async fn capability_overhead() {
+    let vendor_address = mock_vendor().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut urls = Vec::new();
+    for store in [
+        format!("path = {:?}", dir.path().join("obol.redb")),
+        "volatile = true".to_owned(),
+    ] {
+        let toml = format!(
+            r#"
+        [connectors]
+        components = ["bundled:stripe"]
+        [[workspaces]]
+        id = "bench"
+        [[workspaces.connections]]
+        id = "stripe"
+        connector = "stripe"
+        base_url = "http://{vendor_address}"
+        [[workspaces.capabilities]]
+        name = "cap.list_charges"
+        description = "Recent charges"
+        input_schema = {{ type = "object", properties = {{ limit = {{ type = "integer" }} }} }}
+        [[workspaces.capabilities.providers]]
+        tool = "stripe.charges.list"
+        map = {{ limit = "limit" }}
+        [[keys]]
+        name = "bench"
+        hash = "{}"
+        workspace = "bench"
+        environment = "dev"
+        allowed_tools = ["stripe.*", "cap.*"]
+        [store]
+        {store}
+        "#,
+            KeyHash::of_token(TOKEN)
+        );
+        let config = Config::parse(&toml, std::path::Path::new(".")).unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        urls.push(format!("http://{}/mcp", listener.local_addr().unwrap()));
+        tokio::spawn(async move { obol::server::serve(config, listener).await.unwrap() });
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let http = reqwest::Client::new();
+    println!(
+        "\ncap.list_charges (one provider: stripe.charges.list) vs stripe.charges.list, through Obol, alternating, c=1"
+    );
+    for (label, url) in ["embedded store", "claims in RAM"].iter().zip(&urls) {
+        let session = initialize(&http, url).await;
+        let call = |name: &str| {
+            let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                "params": {"name": name, "arguments": {"limit": 2}}})
+            .to_string();
+            let (http, url, session) = (http.clone(), url.clone(), session.clone());
+            async move {
+                let started = Instant::now();
+                let text = http
+                    .post(&url)
+                    .header("authorization", format!("Bearer {TOKEN}"))
+                    .header("mcp-session-id", &session)
+                    .header("accept", "application/json, text/event-stream")
+                    .header("content-type", "application/json")
+                    .body(body)
+                    .send()
+                    .await
+                    .unwrap()
+                    .text()
+                    .await
+                    .unwrap();
+                assert!(text.contains("\"result\""), "{text}");
+                started.elapsed()
+            }
+        };
+        for _ in 0..200 {
+            call("stripe.charges.list").await;
+            call("cap.list_charges").await;
+        }
+        let (mut direct, mut capability) = (Vec::new(), Vec::new());
+        for _ in 0..3000 {
+            direct.push(call("stripe.charges.list").await);
+            capability.push(call("cap.list_charges").await);
+        }
+        let (d50, d99) = percentiles(&mut direct);
+        let (c50, c99) = percentiles(&mut capability);
+        println!(
+            "  {label:<15} provider p50 {} p99 {}; cap.* p50 {} p99 {}; cap.* adds {:+.0} us p50   (target: <= 30 us)",
+            us(d50),
+            us(d99),
+            us(c50),
+            us(c99),
+            (c50.as_secs_f64() - d50.as_secs_f64()) * 1e6
+        );
+    }
 }

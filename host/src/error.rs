@@ -110,6 +110,12 @@ pub enum ObolError {
     NotReady,
     #[error("the state store is unavailable; nothing was dispatched")]
     StoreUnavailable,
+    /// The store or its other gateways are of another claim-key layout: admitting a call could
+    /// address another slot than its retry (ADR-0047). The operator's log says what to drain.
+    #[error(
+        "this gateway admits no traffic until its store is migrated to its key layout (the operator runs `obol store migrate`); retry later"
+    )]
+    LayoutMismatch,
     #[error("every connector slot is busy; retry shortly")]
     Overloaded,
     #[error("the gateway is reading as many request bodies as it may; retry shortly")]
@@ -245,6 +251,12 @@ impl ObolError {
             InvalidArguments(_) => (-32602, StatusCode::OK, "invalid_arguments", false),
             NotReady => (RETRY_LATER, StatusCode::OK, "not_ready", true),
             StoreUnavailable => (RETRY_LATER, StatusCode::OK, "store_unavailable", true),
+            LayoutMismatch => (
+                RETRY_LATER,
+                StatusCode::SERVICE_UNAVAILABLE,
+                "layout_mismatch",
+                true,
+            ),
             Overloaded | BodyBudgetFull => (RETRY_LATER, StatusCode::OK, "overloaded", true),
             RequestTimeout => (
                 RETRY_LATER,
@@ -482,6 +494,7 @@ mod tests {
         E::IdempotencyConflict => E::IdempotencyConflict,
         E::NotReady => E::NotReady,
         E::StoreUnavailable => E::StoreUnavailable,
+        E::LayoutMismatch => E::LayoutMismatch,
         E::Overloaded => E::Overloaded,
         E::BodyBudgetFull => E::BodyBudgetFull,
         E::RequestTimeout => E::RequestTimeout,

@@ -53,6 +53,11 @@ pub struct Gateway {
     events: broadcast::Sender<Event>,
     environment: Environment,
     frozen: HashSet<String>,
+    /// This gateway as it registers itself in the store (`store::layout`).
+    pub registration: crate::store::layout::Registration,
+    /// Whether the store's key layout lets this gateway admit traffic (re-checked on every
+    /// heartbeat); closed until the first check passed.
+    layout: std::sync::atomic::AtomicBool,
     /// What the upstream pool tells the gateway; `server` takes it to run the upstream loop.
     signals: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<Signal>>>,
 }
@@ -139,6 +144,8 @@ impl Gateway {
             allowed_origins: config.allowed_origins.clone(),
             events,
             environment: config.environment,
+            registration: crate::store::layout::Registration::this_gateway(),
+            layout: std::sync::atomic::AtomicBool::new(false),
             signals: std::sync::Mutex::new(Some(signals)),
             frozen: config
                 .workspaces
@@ -156,6 +163,9 @@ impl Gateway {
         authorization: Option<&str>,
         scope: Scope,
     ) -> Result<Arc<VirtualKey>, ObolError> {
+        if !self.layout.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(ObolError::LayoutMismatch);
+        }
         let authorization =
             authorization.ok_or(ObolError::Unauthenticated("no Authorization header"))?;
         let token = crate::policy::bearer_token(authorization).ok_or(
@@ -187,6 +197,42 @@ impl Gateway {
     /// The keys the config file defines (the admin API cannot revoke those).
     pub fn config_keys(&self) -> &[VirtualKey] {
         &self.config_keys
+    }
+
+    /// Renews this gateway's registration and decides again whether the store's key layout
+    /// lets it admit traffic; says so in the log when that changes. A store that cannot be
+    /// read decides nothing: the gate stays as it was (closed until a first decision), and
+    /// the next beat asks again. Returns whether the question was decided.
+    pub async fn check_layout(&self) -> bool {
+        use crate::store::layout::Check;
+        use std::sync::atomic::Ordering;
+        let verdict = crate::store::layout::admit(
+            &self.services.store,
+            &self.registration,
+            crate::clock::now_ms(),
+        )
+        .await;
+        let open = match &verdict {
+            Ok(()) => true,
+            Err(Check::Refused(_)) => false,
+            Err(Check::Store(error)) => {
+                tracing::warn!("could not read the store's key layout: {error}");
+                return false;
+            }
+        };
+        let was = self.layout.swap(open, Ordering::AcqRel);
+        match verdict {
+            Ok(()) if !was => tracing::info!(
+                gateway = %self.registration.id,
+                layout = crate::store::layout::CURRENT,
+                "the store's key layout is this gateway's; admitting traffic"
+            ),
+            Ok(()) => {}
+            Err(check) => {
+                tracing::error!(gateway = %self.registration.id, "admitting no traffic: {check}")
+            }
+        }
+        true
     }
 
     /// The environment this deployment serves.

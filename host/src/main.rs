@@ -76,6 +76,24 @@ enum Command {
         #[command(subcommand)]
         command: ApprovalsCommand,
     },
+    /// The state store.
+    Store {
+        #[command(subcommand)]
+        command: StoreCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum StoreCommand {
+    /// Cut the store over to this gateway's claim-key layout (2: capability calls claim under
+    /// `cap`). Refuses, naming them, while capability records of the older layout or gateways
+    /// of another layout are live; deletes nothing. Run it with the older gateways stopped
+    /// (an embedded store must not be open in a running gateway).
+    Migrate {
+        /// The configuration file.
+        #[arg(long, default_value = "examples/obol.toml")]
+        config: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -374,6 +392,37 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
                     Ok(ExitCode::from(2))
                 }
             }
+        }
+        Command::Store {
+            command: StoreCommand::Migrate { config },
+        } => {
+            let config = Config::load(&config)?;
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            runtime.block_on(async {
+                let store = obol::server::open_store(&config.store).await?;
+                match obol::store::layout::migrate(&store, obol::clock::now_ms()).await {
+                    Ok(migrated) => {
+                        println!(
+                            "{}",
+                            serde_json::json!({
+                                "migrated": true,
+                                "from": migrated.from,
+                                "layout": obol::store::layout::CURRENT,
+                            })
+                        );
+                        Ok(ExitCode::SUCCESS)
+                    }
+                    Err(check) => {
+                        println!(
+                            "{}",
+                            serde_json::json!({ "migrated": false, "why": check.to_string() })
+                        );
+                        Ok(ExitCode::FAILURE)
+                    }
+                }
+            })
         }
         Command::Upstreams { config } => {
             let config = Config::load(&config)?;

@@ -65,6 +65,23 @@ pub async fn serve(config: Config, listener: TcpListener) -> anyhow::Result<()> 
     // Keys and publications made through the admin API, before the first request. With a
     // shared store, other gateways' changes arrive by polling.
     gateway.refresh_registry().await?;
+    // Traffic is admitted only under this gateway's claim-key layout; the heartbeat keeps
+    // this gateway registered and re-decides (`store::layout`).
+    let decided = gateway.check_layout().await;
+    let beating = Arc::clone(&gateway);
+    tokio::spawn(async move {
+        // Undecided (the store could not be read): ask again soon, then at the beat.
+        let mut decided = decided;
+        loop {
+            let pause = if decided {
+                crate::store::layout::HEARTBEAT
+            } else {
+                std::time::Duration::from_millis(250)
+            };
+            tokio::time::sleep(pause).await;
+            decided = beating.check_layout().await;
+        }
+    });
     // Every MCP upstream is listed before the first request (each under its deadline; one that
     // does not answer is down, and probed in the background).
     gateway

@@ -221,6 +221,27 @@ pub fn availability(
     }
 }
 
+/// The router's pick for a new call of `capability` by `key` now, over the providers the key
+/// can reach, taking no breaker's probe: for previews, and for the owner's receipt of a call
+/// refused before it was routed.
+pub fn would_route(
+    services: &Services,
+    catalog: &Catalog,
+    key: &VirtualKey,
+    name: &str,
+    capability: &Capability,
+) -> Result<(usize, Decision), router::NoEligible> {
+    let view = catalog.view(key);
+    let now = now_ms();
+    router::route(
+        name,
+        capability,
+        key,
+        |route| view.verdicts.contains_key(route.name.as_str()),
+        |provider| availability(services, &key.workspace, provider, now, Probing::Report),
+    )
+}
+
 /// What a new call of `capability` with `arguments` would be routed to now, without sending
 /// anything or taking a breaker's probe (`POST /v1/route`, `find_capability`). A capability
 /// the key cannot see is refused with the same words as one that does not exist.
@@ -250,17 +271,12 @@ pub fn preview(
     if !violations.is_empty() {
         return Err(ObolError::InvalidArguments(violations.join("; ")));
     }
-    let now = now_ms();
-    let (index, decision) = router::route(
-        capability,
-        providers,
-        key,
-        |route| view.verdicts.contains_key(route.name.as_str()),
-        |provider| availability(services, &key.workspace, provider, now, Probing::Report),
-    )
-    .map_err(|_| ObolError::NoEligibleRoute {
-        capability: capability.to_owned(),
-    })?;
+    let (index, decision) =
+        would_route(services, catalog, key, capability, providers).map_err(|_| {
+            ObolError::NoEligibleRoute {
+                capability: capability.to_owned(),
+            }
+        })?;
     let provider = &providers.providers[index];
     let mapped = provider.mapping.apply(arguments)?;
     let mut answer = serde_json::to_value(&decision).map_err(|_| ObolError::Internal)?;

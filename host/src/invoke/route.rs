@@ -152,6 +152,7 @@ fn record_refusal(
     let shown: String = name.chars().take(200).collect();
     let mut connection = None;
     let mut verdict = None;
+    let mut decision = None;
     let reason = match ToolName::parse(name) {
         None if name == progressive::SEARCH_TOOLS || name == progressive::CALL_TOOL => {
             "search_tools and call_tool are tools of progressive mode only".to_owned()
@@ -178,6 +179,19 @@ fn record_refusal(
             }
             Some(route) => {
                 connection = Some(route.connection.id.clone());
+                // A capability refused for this key still shows the provider the router
+                // would have picked among those the key can reach.
+                if let Some(capability) = route.capability() {
+                    decision = super::resolve::would_route(
+                        services,
+                        catalog,
+                        key,
+                        route.name.as_str(),
+                        capability,
+                    )
+                    .ok()
+                    .map(|(_, decision)| decision);
+                }
                 match crate::policy::prefilter_refusal(key, route) {
                     Some(rule) => format!("hidden by the prefilter: {rule}"),
                     None => {
@@ -187,6 +201,9 @@ fn record_refusal(
                             crate::policy::ApprovalQuestion::NotAsked,
                         );
                         let reason = match decided.publication {
+                            _ if decided.allowed && route.capability().is_some() => {
+                                "the key can reach none of the capability's providers".to_owned()
+                            }
                             Some(number) => format!("denied by Cedar publication {number}"),
                             None => {
                                 "the key is pinned to a publication that does not exist".to_owned()
@@ -199,7 +216,7 @@ fn record_refusal(
             }
         },
     };
-    let receipt = super::receipt::refused(
+    let mut receipt = super::receipt::refused(
         key,
         &shown,
         connection.as_deref(),
@@ -207,6 +224,7 @@ fn record_refusal(
         reason,
         verdict.as_ref(),
     );
+    receipt.capability = decision;
     let store = services.store.clone();
     tokio::spawn(async move {
         if let Err(error) = store.record_refusal(&receipt).await {

@@ -82,6 +82,8 @@ fn receipt(record: &ClaimRecord, claim: &ClaimKey) -> Receipt {
 
 /// Runs every contract check against `store`.
 pub async fn run(store: &Store) {
+    // First: it needs a store that has never held a claim.
+    a_legacy_layout_is_refused_and_nothing_is_deleted(store).await;
     claims_are_created_once(store).await;
     transitions_compare_and_set(store).await;
     finalize_stores_the_receipt(store).await;
@@ -91,6 +93,55 @@ pub async fn run(store: &Store) {
     registry_inserts_once_and_puts_always(store).await;
     expired_leases_are_found_until_settled(store).await;
     records_of_the_previous_release_are_kept(store).await;
+}
+
+/// The key-layout cutover (`layout`) on a fresh store: claims without a marker are the legacy
+/// layout, refused; the scan finds every capability slot of both layouts and nothing else;
+/// migration refuses while a layout-1 capability record is live, names it, and deletes
+/// nothing.
+async fn a_legacy_layout_is_refused_and_nothing_is_deleted(store: &Store) {
+    use super::layout::{self, Check, LEGACY, Refusal, Registration};
+    let now = now_ms();
+    assert_eq!(layout::written(store).await.unwrap(), None);
+    assert!(!store.holds_claims().await.unwrap());
+    let legacy = ClaimKey {
+        tool: "cap.refund".into(),
+        ..key(50)
+    };
+    let current = ClaimKey {
+        connection: ConnectionSegment::Capability,
+        tool: "cap.refund".into(),
+        ..key(51)
+    };
+    store.claim(&legacy, &record()).await.unwrap();
+    assert_eq!(layout::written(store).await.unwrap(), Some(LEGACY));
+    let me = Registration::this_gateway();
+    let admitted = layout::admit(store, &me, now).await;
+    assert!(
+        matches!(admitted, Err(Check::Refused(Refusal::Unmigrated))),
+        "{admitted:?}"
+    );
+    store.claim(&key(52), &record()).await.unwrap();
+    store.claim(&current, &record()).await.unwrap();
+    let mut found = store.capability_slots().await.unwrap();
+    found.sort_by_key(|k| k.slot());
+    let mut expected = vec![legacy.clone(), current.clone()];
+    expected.sort_by_key(|k| k.slot());
+    assert_eq!(found, expected);
+    match layout::migrate(store, now).await {
+        Err(Check::Refused(Refusal::LegacyRecords(slots))) => {
+            assert_eq!(slots, vec![legacy.clone()]);
+            let said = Refusal::LegacyRecords(slots).to_string();
+            assert!(
+                said.contains("stripe-main") && said.contains("cap.refund"),
+                "{said}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // Nothing was deleted, and the store is still of the legacy layout.
+    assert!(store.get(&legacy).await.unwrap().is_some());
+    assert_eq!(layout::written(store).await.unwrap(), Some(LEGACY));
 }
 
 /// A record as 0.1 wrote it (no holder; the attempt named in the state) round-trips through

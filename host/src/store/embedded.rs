@@ -311,6 +311,26 @@ impl EmbeddedStore {
             .map_err(|_| failed("the store writer stopped"))
     }
 
+    /// Every slot matching `glob` (`store::glob_matches`).
+    pub async fn slots_matching(&self, glob: &str) -> Result<Vec<String>, StoreError> {
+        let txn = self.inner.db.begin_read().map_err(failed)?;
+        let claims = txn.open_table(CLAIMS).map_err(failed)?;
+        let mut out = Vec::new();
+        for entry in claims.iter().map_err(failed)? {
+            let (slot, _) = entry.map_err(failed)?;
+            if super::glob_matches(glob, slot.value()) {
+                out.push(slot.value().to_owned());
+            }
+        }
+        Ok(out)
+    }
+
+    pub async fn holds_claims(&self) -> Result<bool, StoreError> {
+        let txn = self.inner.db.begin_read().map_err(failed)?;
+        let claims = txn.open_table(CLAIMS).map_err(failed)?;
+        Ok(claims.first().map_err(failed)?.is_some())
+    }
+
     pub async fn get(&self, key: &ClaimKey) -> Result<Option<ClaimRecord>, StoreError> {
         read_json(&self.inner.db, CLAIMS, &key.slot())
     }

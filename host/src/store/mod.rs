@@ -12,6 +12,7 @@
 mod claim;
 pub mod contract;
 mod embedded;
+pub mod layout;
 mod redis;
 #[cfg(feature = "test-util")]
 mod volatile;
@@ -39,6 +40,39 @@ pub struct ClaimKey {
     /// The namespaced tool name.
     pub tool: String,
     pub key: IdempotencyKey,
+}
+
+/// How far a scan goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scan {
+    All,
+    /// Stop at the first match (whether there is one).
+    First,
+}
+
+/// A glob (Redis `MATCH` syntax, `*` only) over slots that selects those with a part starting
+/// `cap.`: every capability claim, and a few others the caller filters out. A slot's parts
+/// are `LEN:TEXT`, and no name holds a `:`.
+const CAPABILITY_PATTERN: &str = "*:cap.*";
+
+/// Whether `slot` matches a glob of literal text and `*` (any run), as Redis `MATCH` does.
+pub(crate) fn glob_matches(glob: &str, slot: &str) -> bool {
+    let mut parts = glob.split('*');
+    let first = parts.next().unwrap_or_default();
+    let Some(mut rest) = slot.strip_prefix(first) else {
+        return false;
+    };
+    let pieces: Vec<&str> = parts.collect();
+    for (i, piece) in pieces.iter().enumerate() {
+        if i + 1 == pieces.len() {
+            return rest.ends_with(piece);
+        }
+        match rest.find(piece) {
+            Some(at) => rest = &rest[at + piece.len()..],
+            None => return false,
+        }
+    }
+    rest.is_empty()
 }
 
 /// The connection part of a claim key. A capability call (`cap.*`) claims under the literal
@@ -214,6 +248,10 @@ pub enum Registry {
     Keys,
     Publications,
     Capabilities,
+    /// The claim-key layout marker (`layout`).
+    Layout,
+    /// Gateways' heartbeats (`layout::Registration`).
+    Gateways,
 }
 
 impl Registry {
@@ -222,6 +260,8 @@ impl Registry {
             Registry::Keys => "keys",
             Registry::Publications => "publications",
             Registry::Capabilities => "capabilities",
+            Registry::Layout => "layout",
+            Registry::Gateways => "gateways",
         }
     }
 }
@@ -301,6 +341,33 @@ impl Store {
             Store::Redis(s) => s.transition(key, expected, next, Some(receipt)).await,
             #[cfg(feature = "test-util")]
             Store::Volatile(s) => s.transition(key, expected, next, Some(receipt)).await,
+        }
+    }
+
+    /// Every claim slot the store holds whose tool is a capability (`cap.*`), in any layout:
+    /// what a key-layout cutover must account for (`layout`). A full scan, for the rare
+    /// operator action and for startup; never on a call's path.
+    pub async fn capability_slots(&self) -> Result<Vec<ClaimKey>, StoreError> {
+        let slots = match self {
+            Store::Embedded(s) => s.slots_matching(CAPABILITY_PATTERN).await?,
+            Store::Redis(s) => s.slots_matching(CAPABILITY_PATTERN, Scan::All).await?,
+            #[cfg(feature = "test-util")]
+            Store::Volatile(s) => s.slots_matching(CAPABILITY_PATTERN).await?,
+        };
+        Ok(slots
+            .iter()
+            .filter_map(|slot| ClaimKey::from_slot(slot))
+            .filter(|key| key.tool.starts_with("cap."))
+            .collect())
+    }
+
+    /// Whether the store holds any claim at all.
+    pub async fn holds_claims(&self) -> Result<bool, StoreError> {
+        match self {
+            Store::Embedded(s) => s.holds_claims().await,
+            Store::Redis(s) => Ok(!s.slots_matching("*", Scan::First).await?.is_empty()),
+            #[cfg(feature = "test-util")]
+            Store::Volatile(s) => Ok(!s.slots_matching("*").await?.is_empty()),
         }
     }
 

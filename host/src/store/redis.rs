@@ -20,7 +20,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
+use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo, SingleNodeRoutingInfo};
 use redis::{AsyncCommands, Cmd, RedisFuture, RedisResult, Script, Value};
 
 use super::{Claim, ClaimKey, ClaimRecord, Receipt, Registry, RegistryWrite, StoreError};
@@ -942,6 +942,65 @@ impl RedisStore {
             .acknowledged
     }
 
+    /// Claim slots matching `glob` (all, or as soon as one is found): `SCAN … MATCH
+    /// obol:{GLOB}:claim` on the server, or on every primary of a cluster in turn.
+    pub async fn slots_matching(
+        &self,
+        glob: &str,
+        scan: super::Scan,
+    ) -> Result<Vec<String>, StoreError> {
+        let pattern = format!("obol:{{{glob}}}:claim");
+        let mut keys: Vec<String> = Vec::new();
+        match self.connection() {
+            Connection::Node(mut connection) => {
+                let mut cursor = 0;
+                loop {
+                    let (next, batch): (u64, Vec<String>) = scan_step(cursor, &pattern)
+                        .query_async(&mut connection)
+                        .await
+                        .map_err(failed)?;
+                    keys.extend(batch);
+                    if next == 0 || (scan == super::Scan::First && !keys.is_empty()) {
+                        break;
+                    }
+                    cursor = next;
+                }
+            }
+            Connection::Cluster(mut connection) => {
+                let nodes: String = connection
+                    .route_command(
+                        redis::cmd("CLUSTER").arg("NODES").clone(),
+                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
+                    )
+                    .await
+                    .map_err(failed)
+                    .and_then(|reply| redis::from_redis_value(reply).map_err(failed))?;
+                for (host, port) in primaries(&nodes) {
+                    let node =
+                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
+                    let mut cursor = 0;
+                    loop {
+                        let (next, batch): (u64, Vec<String>) = connection
+                            .route_command(scan_step(cursor, &pattern), node.clone())
+                            .await
+                            .map_err(failed)
+                            .and_then(|reply| redis::from_redis_value(reply).map_err(failed))?;
+                        keys.extend(batch);
+                        if next == 0 || (scan == super::Scan::First && !keys.is_empty()) {
+                            break;
+                        }
+                        cursor = next;
+                    }
+                }
+            }
+        }
+        Ok(keys
+            .iter()
+            .filter_map(|key| key.strip_prefix("obol:{")?.strip_suffix("}:claim"))
+            .map(str::to_owned)
+            .collect())
+    }
+
     pub async fn get(&self, key: &ClaimKey) -> Result<Option<ClaimRecord>, StoreError> {
         self.get_slot(&key.slot()).await
     }
@@ -1342,6 +1401,34 @@ fn redact(message: &str, url: &str) -> String {
         }
         _ => message.to_owned(),
     }
+}
+
+/// One `SCAN` step: the next cursor and the keys of this page that match `pattern`.
+fn scan_step(cursor: u64, pattern: &str) -> Cmd {
+    let mut scan = redis::cmd("SCAN");
+    scan.arg(cursor)
+        .arg("MATCH")
+        .arg(pattern)
+        .arg("COUNT")
+        .arg(1000);
+    scan
+}
+
+/// The primaries of a cluster, from `CLUSTER NODES` (`id host:port@bus flags …`).
+fn primaries(nodes: &str) -> Vec<(String, u16)> {
+    nodes
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let flags = fields.get(2)?;
+            if !flags.split(',').any(|f| f == "master") || flags.contains("fail") {
+                return None;
+            }
+            let address = fields.get(1)?.split('@').next()?;
+            let (host, port) = address.rsplit_once(':')?;
+            Some((host.to_owned(), port.parse().ok()?))
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -75,6 +75,18 @@ impl VolatileStore {
             .collect())
     }
 
+    pub async fn slots_matching(&self, glob: &str) -> Result<Vec<String>, StoreError> {
+        Ok(self
+            .state
+            .lock()
+            .expect("store lock")
+            .claims
+            .keys()
+            .filter(|slot| super::glob_matches(glob, slot))
+            .cloned()
+            .collect())
+    }
+
     pub async fn get(&self, key: &ClaimKey) -> Result<Option<ClaimRecord>, StoreError> {
         Ok(self
             .state
