@@ -218,6 +218,12 @@ async fn refused_before_mcp(
 }
 
 /// The owner approves `id` in the inbox; returns the agent's token.
+/// The owner's inbox page, as the owner sees it.
+pub async fn inbox(gateway: &GatewayProcess) -> String {
+    let owner = OwnerSession::sign_in(gateway, OWNER).await.unwrap();
+    owner.page("/inbox").await
+}
+
 pub async fn approve(gateway: &GatewayProcess, id: &str) -> String {
     let owner = OwnerSession::sign_in(gateway, OWNER).await.unwrap();
     let csrf = owner.csrf().await;

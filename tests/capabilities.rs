@@ -23,7 +23,9 @@ const ROUTER: &str = "obk_cap_router";
 const STRIPE_ONLY: &str = "obk_cap_stripe_only";
 /// Reaches the capability and no provider.
 const NO_PROVIDER: &str = "obk_cap_no_provider";
-/// Reaches every provider, but Cedar forbids it the capability (`key-5`).
+/// Everything, in progressive mode.
+const PROGRESSIVE: &str = "obk_cap_progressive";
+/// Reaches every provider, but Cedar forbids it the capability (`key-6`).
 const DENIED: &str = "obk_cap_denied";
 const OWNER: &str = "obo_acme_cap_owner";
 
@@ -76,6 +78,9 @@ map = {{ charge = "payment", amount = "cents" }}
         .keys
         .push(Key::new(STRIPE_ONLY, "acme", &["cap.*", "stripe.*"]));
     config.keys.push(Key::new(NO_PROVIDER, "acme", &["cap.*"]));
+    config
+        .keys
+        .push(Key::progressive(PROGRESSIVE, "acme", &["*"]));
     config
 }
 
@@ -141,7 +146,9 @@ async fn new_calls_fail_over_once_the_breaker_opens_and_retries_keep_their_route
         decision(&retried)["provider"],
         json!("stripe.create_refund")
     );
-    assert_eq!(decision(&retried)["why"], json!("recorded"));
+    // The slot keeps the router's first decision, why and all.
+    assert_eq!(decision(&retried)["source"], json!("slot"));
+    assert_eq!(decision(&retried)["why"], json!("priority"));
     assert!(
         vendor.count("/v1/refunds") > 2,
         "the retry was resent to stripe"
@@ -271,7 +278,7 @@ async fn visibility_follows_reach_and_no_eligible_route_names_only_the_capabilit
     config.publications = vec![(
         1,
         r#"@id("all") permit(principal, action, resource);
-@id("no-capability-for-key-5") forbid(principal == Obol::Key::"key-5", action, resource == Obol::Tool::"cap.refund");"#
+@id("no-capability-for-key-6") forbid(principal == Obol::Key::"key-6", action, resource == Obol::Tool::"cap.refund");"#
             .into(),
     )];
     let gateway = GatewayProcess::start(&config);
@@ -317,13 +324,13 @@ async fn visibility_follows_reach_and_no_eligible_route_names_only_the_capabilit
     };
     let denied = refusals
         .iter()
-        .find(|r| r["key_name"] == json!("key-5"))
+        .find(|r| r["key_name"] == json!("key-6"))
         .unwrap();
     assert!(
         denied["matched_policies"]
             .as_array()
             .unwrap()
-            .contains(&json!("no-capability-for-key-5")),
+            .contains(&json!("no-capability-for-key-6")),
         "{denied}"
     );
     assert_eq!(
@@ -341,6 +348,33 @@ async fn visibility_follows_reach_and_no_eligible_route_names_only_the_capabilit
             .contains("none of the capability's providers"),
         "{unreachable}"
     );
+
+    // In progressive mode, search_tools interleaves the capability's card with the tools;
+    // find_capability is not a progressive tool.
+    let progressive = McpClient::connect(&gateway.url, PROGRESSIVE).await;
+    let found = progressive
+        .call(
+            "search_tools",
+            json!({"query": "give a customer money back"}),
+        )
+        .await
+        .unwrap();
+    let hits: Vec<&str> = found.structured_content.as_ref().unwrap()["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|hit| hit["name"].as_str().unwrap())
+        .collect();
+    assert!(hits[..3].contains(&"cap.refund"), "{hits:?}");
+    assert!(hits.contains(&"stripe.create_refund"), "{hits:?}");
+    let through = progressive
+        .call(
+            "call_tool",
+            json!({"name": "find_capability", "arguments": {"capability": "cap.refund"}}),
+        )
+        .await;
+    assert!(through.is_err(), "{through:?}");
+    progressive.close().await;
 
     // Arguments the card refuses are refused before any provider is asked.
     let (code, message, _) = router.call_err("cap.refund", json!({"payment": 1})).await;
@@ -364,10 +398,8 @@ async fn visibility_follows_reach_and_no_eligible_route_names_only_the_capabilit
     let (status, routed) = ask(ROUTER).await;
     assert_eq!(status, 200, "{routed}");
     assert_eq!(routed["provider"], json!("stripe.create_refund"));
-    assert_eq!(
-        routed["provider_arguments"],
-        json!({"charge": "ch_cap", "amount": 700})
-    );
+    assert_eq!(routed["source"], json!("router"));
+    assert!(routed.get("provider_arguments").is_none(), "{routed}");
     let (status, refused) = ask(STRIPE_ONLY).await;
     assert_eq!(status, 403, "{refused}");
     assert_eq!(vendor.count("/v1/refunds"), 0, "route dispatches nothing");
@@ -593,6 +625,14 @@ async fn a_held_capability_call_names_both_tools_and_its_approval_is_bound_to_th
     assert_eq!(approval["tool"], json!("cap.refund"));
     assert_eq!(approval["provider"], json!("stripe.create_refund"));
     let id = approval["approval_id"].as_str().unwrap().to_owned();
+    // The inbox row names both: what the agent called, and the provider it resolved to.
+    let page = crate::approvals::inbox(&gateway).await;
+    let row = &page[page.find(&format!("id=\"ticket-{id}\"")).expect(&page)..];
+    let row = &row[..row.find("</tr>").unwrap()];
+    assert!(
+        row.contains("cap.refund") && row.contains("stripe.create_refund"),
+        "{row}"
+    );
     let token = approve(&gateway, &id).await;
 
     // The operator takes stripe out of the capability: the approval is not spent elsewhere.
@@ -625,7 +665,7 @@ async fn a_held_capability_call_names_both_tools_and_its_approval_is_bound_to_th
     let done = resumed.call("cap.refund", payment()).await.unwrap();
     assert_eq!(done.is_error, Some(false), "{done:?}");
     assert_eq!(decision(&done)["provider"], json!("stripe.create_refund"));
-    assert_eq!(decision(&done)["why"], json!("recorded"));
+    assert_eq!(decision(&done)["source"], json!("slot"));
     assert_eq!(vendor.count("/v1/refunds"), 1);
     assert_eq!(upstream.calls_to("refund"), 0);
     agent.close().await;

@@ -187,6 +187,15 @@ async fn search_tools_crosses_the_call_boundary() {
         .call_err("search_tools", json!({"query": "charges"}))
         .await;
     assert_eq!(code, -32019);
+    // The same call by another key of the workspace, under the same idempotency key, is not
+    // answered from the first key's view: it conflicts instead of replaying what that key
+    // may see.
+    let other = McpClient::with_key(&gateway.url, NARROW, &k).await;
+    let (code, _, _) = other
+        .call_err("search_tools", json!({"query": "refund"}))
+        .await;
+    assert_eq!(code, -32019);
+    other.close().await;
     // Arguments the schema refuses.
     let fresh = McpClient::connect(&gateway.url, PROGRESSIVE).await;
     let (code, message, _) = fresh.call_err("search_tools", json!({"q": "x"})).await;

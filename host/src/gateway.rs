@@ -163,9 +163,6 @@ impl Gateway {
         authorization: Option<&str>,
         scope: Scope,
     ) -> Result<Arc<VirtualKey>, ObolError> {
-        if !self.layout.load(std::sync::atomic::Ordering::Acquire) {
-            return Err(ObolError::LayoutMismatch);
-        }
         let authorization =
             authorization.ok_or(ObolError::Unauthenticated("no Authorization header"))?;
         let token = crate::policy::bearer_token(authorization).ok_or(
@@ -175,6 +172,10 @@ impl Gateway {
             .keys()
             .authenticate(token)
             .ok_or(ObolError::Unauthenticated("unknown key"))?;
+        // Only an authenticated caller learns that this gateway is not admitting traffic.
+        if !self.layout.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(ObolError::LayoutMismatch);
+        }
         if key.environment != self.environment {
             return Err(ObolError::EnvironmentMismatch {
                 served: self.environment.as_str(),

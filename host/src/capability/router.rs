@@ -22,6 +22,18 @@ pub struct Decision {
     /// Providers tried first and why they were not taken.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub passed_over: Vec<PassedOver>,
+    /// Who decided for this call: the router, or (a retry or a resume) the slot, which keeps
+    /// the router's first decision, `why` and `passed_over` included.
+    #[serde(default)]
+    pub source: Source,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    #[default]
+    Router,
+    Slot,
 }
 
 /// Why the provider was chosen.
@@ -34,8 +46,6 @@ pub enum Chosen {
     Priority,
     /// Its breaker's cooldown is over and this call is the probe.
     Probe,
-    /// A retry or a resume: the route its idempotency slot recorded.
-    Recorded,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -129,6 +139,7 @@ pub fn route(
                 connection: provider.route.connection.id.clone(),
                 why,
                 passed_over,
+                source: Source::Router,
             },
         ));
     }

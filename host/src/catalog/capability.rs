@@ -184,17 +184,23 @@ impl Mapping {
             .iter()
             .map(|(to, value)| Ok((field(to)?, value.clone())))
             .collect::<Result<Vec<_>, String>>()?;
-        let mut targets: Vec<&str> = moves
+        let targets: Vec<&str> = moves
             .iter()
             .map(|(to, _)| to.as_str())
             .chain(constants.iter().map(|(to, _)| to.as_str()))
             .collect();
-        targets.sort_unstable();
-        if let Some(pair) = targets
-            .windows(2)
-            .find(|pair| pair[0] == pair[1] || pair[1].starts_with(&format!("{}/", pair[0])))
-        {
-            return Err(format!("{} and {} are written twice", pair[0], pair[1]));
+        // A field written twice, or inside another written field (`/a` and `/a/b`).
+        for (i, a) in targets.iter().enumerate() {
+            for b in &targets[i + 1..] {
+                let inside = |outer: &str, inner: &str| {
+                    inner
+                        .strip_prefix(outer)
+                        .is_some_and(|rest| rest.starts_with('/'))
+                };
+                if a == b || inside(a, b) || inside(b, a) {
+                    return Err(format!("{a} and {b} are written twice"));
+                }
+            }
         }
         Ok(Mapping { moves, constants })
     }
@@ -431,6 +437,13 @@ mod tests {
         let err = check(&[("charge", "payment_id")], &[]).unwrap_err();
         assert!(err.contains("reads /payment_id"), "{err}");
         let err = check(&[("charge", "payment")], &[("charge", json!("x"))]).unwrap_err();
+        assert!(err.contains("written twice"), "{err}");
+        // Nested targets, with a sibling that sorts between them.
+        let err = check(
+            &[("/amount", "/amount/value"), ("/amount/x", "payment")],
+            &[("/amount-y", json!(1))],
+        )
+        .unwrap_err();
         assert!(err.contains("written twice"), "{err}");
     }
 

@@ -140,6 +140,8 @@ pub struct KeyView {
     pub verdicts: HashMap<String, Verdict>,
     /// Whether the key can see a capability (then `find_capability` is its tool too).
     pub capabilities: crate::progressive::Visible,
+    /// For each entry of the workspace's search index, whether the key may see it.
+    searchable: Vec<bool>,
 }
 
 impl Catalog {
@@ -308,11 +310,7 @@ impl Catalog {
         let view = self.view(key);
         let index = &workspace.search;
         index
-            .search(
-                query,
-                |id| view.verdicts.contains_key(&index.entry(id).name),
-                limit,
-            )
+            .search(query, |id| view.searchable[id], limit)
             .into_iter()
             .filter_map(|id| workspace.routes.get(&index.entry(id).name).cloned())
             .collect()
@@ -351,6 +349,7 @@ impl Catalog {
         let mut listing = String::from("{\"tools\":[");
         let mut verdicts = HashMap::new();
         let mut capabilities = crate::progressive::Visible::None;
+        let mut searchable = Vec::new();
         if let Some(workspace) = self.workspaces.get(&key.workspace) {
             // Tools first: a capability is visible only with a provider the key can reach.
             let (tools, caps): (Vec<_>, Vec<_>) = workspace
@@ -377,6 +376,12 @@ impl Catalog {
                     }
                 }
             }
+            // The index holds the routes in this order.
+            searchable = workspace
+                .routes
+                .keys()
+                .map(|name| verdicts.contains_key(name))
+                .collect();
         }
         if capabilities == crate::progressive::Visible::Some {
             listing.push(',');
@@ -387,6 +392,7 @@ impl Catalog {
             listing,
             verdicts,
             capabilities,
+            searchable,
         }
     }
 

@@ -177,6 +177,14 @@ impl Planned {
             existing
         };
         if existing.pin != self.pin {
+            // A capability call that found no slot when it was routed, and whose first call
+            // then claimed it on another provider (the breaker moved in between): the same
+            // call, routed twice. Its retry reads the slot and takes the recorded route.
+            if existing.pin.request_hash == self.pin.request_hash
+                && routed_elsewhere(&existing, &self.authorized.holder)
+            {
+                return self.answered(ObolError::NotReady, Some(&existing));
+            }
             return self.answered(ObolError::IdempotencyConflict, Some(&existing));
         }
         match &existing.state {
@@ -326,5 +334,17 @@ fn replay(outcome: &StoredOutcome, record: &ClaimRecord) -> Result<serde_json::V
             Ok(result)
         }
         Err(error) => Err(ObolError::Replayed(error.clone())),
+    }
+}
+
+/// Whether a capability slot records another provider than the one `caller` was routed to.
+fn routed_elsewhere(existing: &ClaimRecord, caller: &crate::store::Holder) -> bool {
+    let recorded = existing.holder.as_ref().and_then(|h| h.capability.as_ref());
+    match (recorded, &caller.capability) {
+        (Some(recorded), Some(routed)) => {
+            (recorded.provider.as_str(), recorded.connection.as_str())
+                != (routed.provider.as_str(), routed.connection.as_str())
+        }
+        _ => false,
     }
 }

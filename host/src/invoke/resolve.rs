@@ -13,7 +13,7 @@ use serde_json::{Map, Value};
 
 use super::route::Routed;
 use super::{Answer, Services};
-use crate::capability::router::{self, Availability, Chosen, Decision};
+use crate::capability::router::{self, Availability, Decision, Source};
 use crate::catalog::{Capability, Catalog, Provider, Route, ServedBy};
 use crate::clock::now_ms;
 use crate::error::ObolError;
@@ -162,8 +162,7 @@ async fn resolution(
             (Some(index), Some(recorded)) => Ok((
                 index,
                 Decision {
-                    why: Chosen::Recorded,
-                    passed_over: Vec::new(),
+                    source: Source::Slot,
                     ..recorded.clone()
                 },
             )),
@@ -215,7 +214,13 @@ pub fn availability(
             if probing == Probing::Report || services.breakers.take_probe(&connection, now) {
                 Availability::Probe
             } else {
-                Availability::CircuitOpen { until_ms: now }
+                // Another call took the probe: open until its outcome, or its cooldown.
+                match services.breakers.admission(&connection, now) {
+                    crate::capability::breaker::Admission::Open { until_ms } => {
+                        Availability::CircuitOpen { until_ms }
+                    }
+                    _ => Availability::CircuitOpen { until_ms: now },
+                }
             }
         }
     }
@@ -278,9 +283,10 @@ pub fn preview(
             }
         })?;
     let provider = &providers.providers[index];
-    let mapped = provider.mapping.apply(arguments)?;
+    // The mapping must apply; what it produces is not shown (an operator's constants are
+    // not the key's to read).
+    provider.mapping.apply(arguments)?;
     let mut answer = serde_json::to_value(&decision).map_err(|_| ObolError::Internal)?;
     answer["destructive"] = Value::Bool(provider.route.tool().effect.destructive);
-    answer["provider_arguments"] = Value::Object(mapped);
     Ok(answer)
 }

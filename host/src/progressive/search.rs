@@ -29,7 +29,6 @@ pub struct Index {
     postings: HashMap<String, Vec<(u32, f32)>>,
     /// Weighted length of each entry, for BM25's length normalisation.
     lengths: Vec<f32>,
-    average_length: f32,
 }
 
 /// Name words count this many times a description word.
@@ -180,7 +179,6 @@ impl Index {
             }
             lengths.push(length);
         }
-        let average_length = lengths.iter().sum::<f32>() / lengths.len().max(1) as f32;
         Index {
             entries,
             prefixes,
@@ -189,7 +187,6 @@ impl Index {
                 .map(|(word, hits)| (word, hits.into_iter().collect()))
                 .collect(),
             lengths,
-            average_length,
         }
     }
 
@@ -205,25 +202,41 @@ impl Index {
         self.entries.is_empty()
     }
 
+    /// Whether any entry the caller may see has `word`.
+    fn seen(&self, word: &str, visible: &impl Fn(usize) -> bool) -> bool {
+        self.postings
+            .get(word)
+            .is_some_and(|hits| hits.iter().any(|&(id, _)| visible(id as usize)))
+    }
+
     /// The weighted terms a query stands for: its own words, their synonyms, and for a word
-    /// the index does not know, the indexed words one (or, for long words, two) edits away.
-    fn expand(&self, query: &str) -> HashMap<String, f32> {
-        let mut terms: HashMap<String, f32> = HashMap::new();
+    /// no visible entry has, the visible entries' words one (or, for long words, two) edits
+    /// away. Only visible entries count: whether a word is known must not depend on a hidden
+    /// tool. In a fixed order, so that scores are summed alike every time.
+    fn expand(
+        &self,
+        query: &str,
+        visible: &impl Fn(usize) -> bool,
+    ) -> std::collections::BTreeMap<String, f32> {
+        let mut terms = std::collections::BTreeMap::<String, f32>::new();
         let mut add = |term: String, weight: f32| {
             let slot = terms.entry(term).or_default();
             *slot = slot.max(weight);
         };
         for word in words(query) {
-            let known = self.postings.contains_key(&word);
+            let known = self.seen(&word, visible);
             if !known && word.chars().count() >= 4 {
                 // Only the closest corrections: a word one edit away beats every word two away.
                 let longest = if word.chars().count() >= 8 { 2 } else { 1 };
                 for limit in 1..=longest {
-                    let near: Vec<&String> = self
+                    let mut near: Vec<&String> = self
                         .postings
                         .keys()
-                        .filter(|indexed| within(&word, indexed, limit))
+                        .filter(|indexed| {
+                            within(&word, indexed, limit) && self.seen(indexed, visible)
+                        })
                         .collect();
+                    near.sort();
                     if !near.is_empty() {
                         for indexed in near {
                             add(indexed.clone(), TYPO_WEIGHT);
@@ -248,17 +261,34 @@ impl Index {
         terms
     }
 
-    /// Up to `limit` entries the caller may show, best first.
+    /// Up to `limit` entries the caller may show, best first. Every statistic (the entry
+    /// count, document frequencies, the average length, which words are known) is taken over
+    /// the visible entries only, so a hidden entry cannot change the answer in any way: the
+    /// answer is the one an index of the visible entries alone would give.
     pub fn search(&self, query: &str, visible: impl Fn(usize) -> bool, limit: usize) -> Vec<usize> {
-        let n = self.entries.len() as f32;
+        let (mut count, mut total) = (0usize, 0.0f32);
+        for (id, length) in self.lengths.iter().enumerate() {
+            if visible(id) {
+                count += 1;
+                total += length;
+            }
+        }
+        let n = count as f32;
+        let average_length = total / count.max(1) as f32;
         let mut scores: HashMap<u32, f32> = HashMap::new();
-        for (term, weight) in self.expand(query) {
+        for (term, weight) in self.expand(query, &visible) {
             let Some(hits) = self.postings.get(&term) else {
                 continue;
             };
-            let idf = ((n - hits.len() as f32 + 0.5) / (hits.len() as f32 + 0.5) + 1.0).ln();
-            for &(id, tf) in hits {
-                let norm = K1 * (1.0 - B + B * self.lengths[id as usize] / self.average_length);
+            let seen: Vec<(u32, f32)> = hits
+                .iter()
+                .copied()
+                .filter(|&(id, _)| visible(id as usize))
+                .collect();
+            let df = seen.len() as f32;
+            let idf = ((n - df + 0.5) / (df + 0.5) + 1.0).ln();
+            for (id, tf) in seen {
+                let norm = K1 * (1.0 - B + B * self.lengths[id as usize] / average_length);
                 *scores.entry(id).or_default() += weight * idf * tf * (K1 + 1.0) / (tf + norm);
             }
         }

@@ -6,7 +6,7 @@
 use super::*;
 use crate::idempotency::{IdempotencyKey, RequestHash};
 
-fn key(n: u32) -> ClaimKey {
+pub(crate) fn key(n: u32) -> ClaimKey {
     ClaimKey {
         workspace: "acme".into(),
         connection: ConnectionSegment::Resolved("stripe-main".into()),
@@ -32,7 +32,7 @@ fn holder() -> Holder {
     }
 }
 
-fn record() -> ClaimRecord {
+pub(crate) fn record() -> ClaimRecord {
     record_leased_until(now_ms() + 30_000)
 }
 

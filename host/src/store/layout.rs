@@ -75,7 +75,7 @@ impl std::fmt::Display for Refusal {
         match self {
             Refusal::Unmigrated => write!(
                 f,
-                "the store holds claims written before key layout {CURRENT} (no layout marker): stop the older gateways, then run `obol store migrate`"
+                "the store holds capability claims written before key layout {CURRENT} (no layout marker): stop the older gateways, then run `obol store migrate`, which names what to drain"
             ),
             Refusal::LegacyRecords(slots) => {
                 write!(
@@ -100,10 +100,13 @@ impl std::fmt::Display for Refusal {
                     "gateways of another key layout are still registered; stop them first:"
                 )?;
                 for gateway in gateways {
+                    // Read from the store: escaped, whatever they hold.
                     write!(
                         f,
                         " [{} version {} layout {}]",
-                        gateway.id, gateway.version, gateway.layout
+                        crate::names::shown(&gateway.id),
+                        crate::names::shown(&gateway.version),
+                        gateway.layout
                     )?;
                 }
                 Ok(())
@@ -144,7 +147,25 @@ pub async fn admit(store: &Store, me: &Registration, now_ms: u64) -> Result<(), 
             }
         }
         Some(CURRENT) => {}
-        Some(LEGACY) => return Err(Check::Refused(Refusal::Unmigrated)),
+        // Claims and no marker. Only capability records are spelled differently in the two
+        // layouts: a store without any was never written under the old scope, and is marked
+        // (so an upgrade from a release before capabilities needs no migration).
+        Some(LEGACY) => {
+            if !store
+                .capability_slots()
+                .await
+                .map_err(Check::Store)?
+                .is_empty()
+            {
+                return Err(Check::Refused(Refusal::Unmigrated));
+            }
+            match mark(store).await {
+                Ok(()) => tracing::info!(
+                    "the store holds no capability records: marked with key layout {CURRENT}"
+                ),
+                Err(error) => tracing::warn!("could not mark the store's key layout: {error}"),
+            }
+        }
         Some(newer) => return Err(Check::Refused(Refusal::Newer(newer))),
     }
     let others = other_layouts(store, now_ms).await.map_err(Check::Store)?;
@@ -287,6 +308,25 @@ mod tests {
                 from: Some(CURRENT)
             }
         );
+    }
+
+    /// A store written before the marker existed, with no capability record in it (every
+    /// store of a release before capabilities): nothing is spelled differently, so it is
+    /// marked and admitted without a migration.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn claims_without_capability_records_need_no_migration() {
+        let (_dir, store) = fresh();
+        let native = crate::store::contract::key(1);
+        store
+            .claim(&native, &crate::store::contract::record())
+            .await
+            .unwrap();
+        assert_eq!(written(&store).await.unwrap(), Some(LEGACY));
+        admit(&store, &Registration::this_gateway(), 1)
+            .await
+            .unwrap();
+        assert_eq!(written(&store).await.unwrap(), Some(CURRENT));
+        assert!(store.get(&native).await.unwrap().is_some());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

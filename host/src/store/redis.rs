@@ -975,7 +975,10 @@ impl RedisStore {
                     .await
                     .map_err(failed)
                     .and_then(|reply| redis::from_redis_value(reply).map_err(failed))?;
-                for (host, port) in primaries(&nodes) {
+                for (host, port) in primaries(&nodes)? {
+                    if scan == super::Scan::First && !keys.is_empty() {
+                        break;
+                    }
                     let node =
                         RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
                     let mut cursor = 0;
@@ -1414,21 +1417,33 @@ fn scan_step(cursor: u64, pattern: &str) -> Cmd {
     scan
 }
 
-/// The primaries of a cluster, from `CLUSTER NODES` (`id host:port@bus flags …`).
-fn primaries(nodes: &str) -> Vec<(String, u16)> {
-    nodes
-        .lines()
-        .filter_map(|line| {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            let flags = fields.get(2)?;
-            if !flags.split(',').any(|f| f == "master") || flags.contains("fail") {
-                return None;
-            }
-            let address = fields.get(1)?.split('@').next()?;
-            let (host, port) = address.rsplit_once(':')?;
-            Some((host.to_owned(), port.parse().ok()?))
-        })
-        .collect()
+/// The primaries of a cluster, from `CLUSTER NODES` (`id host:port@bus flags …`). A
+/// primary that is failing (or suspected to) is an error, not a skip: a scan that missed its
+/// keys would report records absent that are not.
+fn primaries(nodes: &str) -> Result<Vec<(String, u16)>, StoreError> {
+    let mut out = Vec::new();
+    for line in nodes.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let Some(flags) = fields.get(2) else {
+            continue;
+        };
+        if !flags.split(',').any(|f| f == "master") {
+            continue;
+        }
+        if flags.split(',').any(|f| f == "fail" || f == "fail?") {
+            return Err(failed(
+                "a cluster primary is failing; cannot scan every slot",
+            ));
+        }
+        let address = fields
+            .get(1)
+            .and_then(|a| a.split('@').next())
+            .and_then(|a| a.rsplit_once(':'))
+            .and_then(|(host, port)| Some((host.to_owned(), port.parse().ok()?)))
+            .ok_or_else(|| failed("CLUSTER NODES names a primary without an address"))?;
+        out.push(address);
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

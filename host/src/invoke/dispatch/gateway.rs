@@ -18,7 +18,7 @@ pub struct Request {
     answer: Value,
 }
 
-/// Computes the answer and its pinned facts (`gateway TOOL`).
+/// Computes the answer and its pinned facts (`gateway TOOL for KEY_HASH`).
 pub fn prepare(
     services: &Services,
     catalog: &Catalog,
@@ -52,7 +52,11 @@ pub fn prepare(
         }
         _ => return Err(ObolError::Internal),
     };
-    Ok((Request { answer }, format!("gateway {}", route.name)))
+    // The answer is the key's own view: another key's same-key repeat must not replay it.
+    Ok((
+        Request { answer },
+        format!("gateway {} for {}", route.name, key.hash),
+    ))
 }
 
 /// The gateway answered: the one attempt is accepted.

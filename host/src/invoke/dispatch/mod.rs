@@ -172,9 +172,16 @@ async fn plan(
     // A capability call's slot is the capability's, whatever it resolved to (ADR-0044): the
     // client's arguments are its request hash, and the provider joins the destination.
     let (hashed, destination) = match capability {
+        // The mapped arguments' hash too: an approval is for what the provider receives,
+        // which a changed mapping would change.
         Some(resolution) => (
             Value::Object(resolution.arguments.clone()),
-            format!("{} {} {destination}", route.name, route.connection.id),
+            format!(
+                "{} {} mapped:{} {destination}",
+                route.name,
+                route.connection.id,
+                RequestHash::of_arguments(&arguments)
+            ),
         ),
         // The connection is part of the destination: an approval or a claim for one vendor
         // account can never be spent on another, even with the same origin.

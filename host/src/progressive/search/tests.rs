@@ -98,3 +98,53 @@ fn words_split_names_and_fold_plurals() {
     assert!(within("refnd", "refund", 1));
     assert!(!within("refund", "charge", 2));
 }
+
+/// A hidden tool changes nothing: over the relevance catalog with every third tool hidden,
+/// every query (the relevance set, each hidden tool's own name, and typos of its words) gets
+/// exactly the answer of an index built from the visible tools alone. Before, the hidden
+/// tools' words counted as known (so a typo of a hidden word was not corrected, and the
+/// answer went empty) and they weighed in every term's frequency.
+#[test]
+fn hidden_tools_change_nothing_in_the_answer() {
+    let all: Vec<Entry> = include_str!("catalog.txt")
+        .lines()
+        .filter_map(|line| line.split_once('|'))
+        .map(|(name, description)| Entry {
+            name: name.to_owned(),
+            description: description.to_owned(),
+        })
+        .collect();
+    let hidden = |id: usize| id % 3 == 1;
+    let full = Index::build(all.clone());
+    let visible_only = Index::build(
+        all.iter()
+            .enumerate()
+            .filter(|(id, _)| !hidden(*id))
+            .map(|(_, entry)| entry.clone())
+            .collect(),
+    );
+    let mut probes: Vec<String> = queries().iter().map(|(q, _)| q.to_string()).collect();
+    for (id, entry) in all.iter().enumerate().filter(|(id, _)| hidden(*id)) {
+        probes.push(entry.name.clone());
+        // A hidden tool's word with its last letter dropped: one edit from the hidden word.
+        if let Some(word) = entry.description.split_whitespace().find(|w| w.len() >= 6) {
+            probes.push(word[..word.len() - 1].to_owned());
+        }
+        probes.push(format!("{} {}", entry.name, id));
+    }
+    for probe in &probes {
+        let answer = |index: &Index, visible: &dyn Fn(usize) -> bool| -> Vec<String> {
+            index
+                .search(probe, visible, 20)
+                .into_iter()
+                .map(|id| index.entry(id).name.clone())
+                .collect()
+        };
+        assert_eq!(
+            answer(&full, &|id| !hidden(id)),
+            answer(&visible_only, &|_| true),
+            "query {probe:?}"
+        );
+    }
+    assert!(probes.len() > 150);
+}
