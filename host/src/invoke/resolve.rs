@@ -64,9 +64,7 @@ impl Routed {
             });
         };
         match resolution(&self, services, catalog, key, &capability).await {
-            Ok((provider, decision)) => {
-                Ok(self.onto(catalog, key, &capability, provider, decision)?)
-            }
+            Ok((provider, decision)) => self.onto(catalog, key, &capability, provider, decision),
             Err(error) => Err(self.parsed.refuse(error)),
         }
     }
