@@ -140,10 +140,17 @@ async fn resolution(
         tool: name.to_owned(),
         key: routed.parsed.idempotency_key.clone(),
     };
-    let existing = services.store.get(&slot).await.map_err(|error| {
-        tracing::warn!("could not read a capability's slot, nothing sent: {error}");
-        ObolError::StoreUnavailable
-    })?;
+    // A key minted for this call (no header, no approval) names no slot that could exist:
+    // only a client's key, or an approved call's, can be a retry.
+    let fresh = routed.parsed.key_source == crate::store::KeySource::Minted
+        && routed.parsed.grant.is_none();
+    let existing = match fresh {
+        true => None,
+        false => services.store.get(&slot).await.map_err(|error| {
+            tracing::warn!("could not read a capability's slot, nothing sent: {error}");
+            ObolError::StoreUnavailable
+        })?,
+    };
     let view = catalog.view(key);
     if let Some(record) = existing {
         // The slot keeps its route. If that provider is gone, or this key can no longer reach
