@@ -482,6 +482,7 @@ async fn a_store_of_the_old_key_layout_is_refused_until_drained_and_migrated() {
             evidence: EvidenceClass::GatewayObserved,
             route: Default::default(),
             capability: None,
+            trace_id: None,
         },
         Opening::Reserved {
             lease_until_ms: now + 3_600_000,

@@ -14,6 +14,9 @@
 //! - `capabilities`: `cap.*` routed across a component and an MCP upstream provider: breaker
 //!   failover for new keys, recorded routes for retries, pins, visibility, `POST /v1/route`.
 //! - `progressive`: progressive mode (`search_tools`, `call_tool`) through rmcp's client.
+//! - `stateless`: MCP 2026-07-28 without sessions: `server/discover`, the revision's header
+//!   checks and codes, caching hints, `subscriptions/listen`, rmcp in discover mode.
+//! - `conformance`: the official `@modelcontextprotocol/conformance` suite against a gateway.
 //! - `upstreams`: remote MCP servers (`kind = "mcp"`): a misbehaving mock and the official
 //!   reference server, through the same lifecycle.
 
@@ -23,6 +26,7 @@ mod admin;
 mod approvals;
 mod brokers;
 mod capabilities;
+mod conformance;
 mod hostile;
 mod idempotency;
 mod lifecycle;
@@ -31,6 +35,7 @@ mod progressive;
 mod python_client;
 mod redis_store;
 mod sandboxing;
+mod stateless;
 mod tools;
 mod transport;
 mod upstreams;

@@ -46,21 +46,33 @@ fn python() -> PathBuf {
     root.join(".venv/bin/python")
 }
 
+/// The SDK in its default `auto` mode picks 2026-07-28; pinned to the handshake era, it
+/// picks 2025-11-25. Either way: the same tools, the same call, the same `Unknown tool`.
 #[tokio::test]
-async fn the_official_python_sdk_lists_and_calls_tools() {
+async fn the_official_python_sdk_lists_and_calls_tools_in_both_eras() {
     let vendor = MockVendor::start().await;
     let gateway = GatewayProcess::start(&GatewayConfig::new(&vendor.base_url()));
-    let report = run_script("client.py", vec![gateway.url.clone(), TOKEN.into()]).await;
-    let tools = report["tools"].as_array().unwrap();
-    assert!(tools.iter().any(|t| t == "stripe.charges.list"), "{report}");
-    assert_eq!(report["call"]["isError"], false, "{report}");
-    assert!(
-        report["call"]["text"].as_str().unwrap().contains("ch_1"),
-        "{report}"
-    );
-    assert_eq!(report["unknown"]["code"], -32602, "{report}");
-    assert_eq!(report["unknown"]["message"], "Unknown tool", "{report}");
-    assert_eq!(vendor.count("/v1/charges"), 1);
+    let mut tool_lists = Vec::new();
+    for (mode, protocol) in [("auto", "2026-07-28"), ("legacy", "2025-11-25")] {
+        let report = run_script(
+            "client.py",
+            vec![gateway.url.clone(), TOKEN.into(), mode.into()],
+        )
+        .await;
+        assert_eq!(report["protocol"], protocol, "{report}");
+        let tools = report["tools"].as_array().unwrap();
+        assert!(tools.iter().any(|t| t == "stripe.charges.list"), "{report}");
+        assert_eq!(report["call"]["isError"], false, "{report}");
+        assert!(
+            report["call"]["text"].as_str().unwrap().contains("ch_1"),
+            "{report}"
+        );
+        assert_eq!(report["unknown"]["code"], -32602, "{report}");
+        assert_eq!(report["unknown"]["message"], "Unknown tool", "{report}");
+        tool_lists.push(report["tools"].clone());
+    }
+    assert_eq!(tool_lists[0], tool_lists[1]);
+    assert_eq!(vendor.count("/v1/charges"), 2);
 }
 
 /// The approval round trip as a client built on the official SDK sees it: `-32003` with the
@@ -84,6 +96,7 @@ async fn the_official_python_sdk_sees_the_hold_and_resumes() {
     )
     .await;
     assert_eq!(held["code"], -32003, "{held}");
+    assert_eq!(held["protocol"], "2026-07-28", "{held}");
     let approval = &held["data"]["approval"];
     assert_eq!(approval["tool"], "stripe.create_refund", "{held}");
     let id = approval["approval_id"].as_str().unwrap().to_owned();

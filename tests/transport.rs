@@ -285,10 +285,11 @@ async fn protocol_versions_are_negotiated() {
 }
 
 #[tokio::test]
-async fn server_discover_gets_method_not_found_without_a_session() {
+async fn server_discover_is_method_not_found_only_in_the_handshake_era() {
     let (_gateway, raw) = gateway().await;
-    let body = json!({"jsonrpc": "2.0", "id": 0, "method": "server/discover",
-        "params": {"_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}}});
+    // A handshake-era `server/discover` (no 2026 header, no 2026 `_meta`) is what it was
+    // before the revision existed: -32601 in an SSE 200.
+    let body = json!({"jsonrpc": "2.0", "id": 0, "method": "server/discover", "params": {}});
     let r = raw
         .post(
             Some(TOKEN),
@@ -301,6 +302,21 @@ async fn server_discover_gets_method_not_found_without_a_session() {
     assert_eq!(r.header("content-type"), Some("text/event-stream"));
     assert_eq!(r.error_code(), -32601);
     assert_eq!(r.message()["id"], json!(0));
+    // With 2026 `_meta`, it is a 2026 request, checked as one (here: no client capabilities).
+    let body = json!({"jsonrpc": "2.0", "id": 0, "method": "server/discover",
+        "params": {"_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}}});
+    let r = raw
+        .post(
+            Some(TOKEN),
+            None,
+            &body.to_string(),
+            &[("mcp-protocol-version", "2025-11-25")],
+        )
+        .await;
+    assert_eq!(r.status, 400);
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    let answer: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(answer["error"]["code"], json!(-32602));
 }
 
 #[tokio::test]

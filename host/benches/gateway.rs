@@ -68,6 +68,9 @@ fn main() {
         routing_decision();
         runtime.block_on(capability_overhead());
     }
+    if wanted("stateless") {
+        runtime.block_on(stateless_versus_session());
+    }
 }
 
 /// A redis-server on an ephemeral port with the durability Obol asks for (AOF, fsync always).
@@ -206,6 +209,7 @@ async fn store_alone(redis: &Redis) {
                     evidence: EvidenceClass::GatewayObserved,
                     route: Default::default(),
                     capability: None,
+                    trace_id: None,
                 },
                 Opening::Reserved {
                     lease_until_ms: now_ms() + 60_000,
@@ -265,6 +269,7 @@ async fn store_alone(redis: &Redis) {
                 evidence: EvidenceClass::GatewayObserved,
                 route: Default::default(),
                 capability: None,
+                trace_id: None,
             };
             let record = ClaimRecord::open(
                 Pin::new(
@@ -307,6 +312,7 @@ async fn store_alone(redis: &Redis) {
                 matched_policies: Vec::new(),
                 approval_id: None,
                 capability: None,
+                trace_id: None,
                 key_name: None,
                 refusal: false,
                 created_at_ms: now_ms(),
@@ -1266,4 +1272,116 @@ async fn capability_overhead() {
             (c50.as_secs_f64() - d50.as_secs_f64()) * 1e6
         );
     }
+}
+
+/// The same `tools/call` (`stripe.charges.list`) through one in-process gateway (embedded
+/// store) in a 2025-11-25 session and as a 2026-07-28 request without one: interleaved runs
+/// of alternating calls at c=1, the median of each run's p50 over 5 runs.
+async fn stateless_versus_session() {
+    let vendor_address = mock_vendor().await;
+    let dir = tempfile::tempdir().unwrap();
+    let toml = format!(
+        r#"
+        [connectors]
+        components = ["bundled:stripe"]
+        [[workspaces]]
+        id = "bench"
+        [[workspaces.connections]]
+        id = "stripe"
+        connector = "stripe"
+        base_url = "http://{vendor_address}"
+        [[keys]]
+        name = "bench"
+        hash = "{}"
+        workspace = "bench"
+        environment = "dev"
+        allowed_tools = ["stripe.*"]
+        [store]
+        path = {:?}
+        "#,
+        KeyHash::of_token(TOKEN),
+        dir.path().join("obol.redb")
+    );
+    let config = Config::parse(&toml, std::path::Path::new(".")).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/mcp", listener.local_addr().unwrap());
+    tokio::spawn(async move { obol::server::serve(config, listener).await.unwrap() });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let http = reqwest::Client::new();
+    let session = initialize(&http, &url).await;
+    let session_body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "stripe.charges.list", "arguments": {"limit": 2}}})
+    .to_string();
+    let stateless_body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+    "params": {"name": "stripe.charges.list", "arguments": {"limit": 2}, "_meta": {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }}})
+    .to_string();
+    #[derive(Clone, Copy, PartialEq)]
+    enum Era {
+        Session,
+        Stateless,
+    }
+    let call = |era: Era| {
+        let (http, url, session) = (http.clone(), url.clone(), session.clone());
+        let body = match era {
+            Era::Stateless => stateless_body.clone(),
+            Era::Session => session_body.clone(),
+        };
+        async move {
+            let mut request = http
+                .post(&url)
+                .header("authorization", format!("Bearer {TOKEN}"))
+                .header("accept", "application/json, text/event-stream")
+                .header("content-type", "application/json");
+            request = match era {
+                Era::Stateless => request
+                    .header("mcp-protocol-version", "2026-07-28")
+                    .header("mcp-method", "tools/call")
+                    .header("mcp-name", "stripe.charges.list"),
+                Era::Session => request.header("mcp-session-id", &session),
+            };
+            let started = Instant::now();
+            let text = request
+                .body(body)
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            assert!(text.contains("\"result\""), "{text}");
+            started.elapsed()
+        }
+    };
+    for _ in 0..200 {
+        call(Era::Session).await;
+        call(Era::Stateless).await;
+    }
+    let (mut sessions, mut statelesses) = (Vec::new(), Vec::new());
+    for _ in 0..5 {
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for _ in 0..800 {
+            a.push(call(Era::Session).await);
+            b.push(call(Era::Stateless).await);
+        }
+        sessions.push(percentiles(&mut a).0);
+        statelesses.push(percentiles(&mut b).0);
+    }
+    sessions.sort();
+    statelesses.sort();
+    println!(
+        "\ntools/call stripe.charges.list, 2025-11-25 session vs 2026-07-28 stateless, alternating, c=1, embedded store"
+    );
+    println!(
+        "  p50 per run: session {:?}; stateless {:?}",
+        sessions.iter().map(|d| us(*d)).collect::<Vec<_>>(),
+        statelesses.iter().map(|d| us(*d)).collect::<Vec<_>>()
+    );
+    println!(
+        "  median p50: session {}, stateless {}   (target: stateless <= session)",
+        us(sessions[2]),
+        us(statelesses[2])
+    );
 }

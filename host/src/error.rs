@@ -70,6 +70,12 @@ pub enum ObolError {
     InvalidRequest(String),
     #[error("method not found")]
     MethodNotFound,
+    /// MCP 2026-07-28: a routing header is missing or disagrees with the body (-32020).
+    #[error("Header mismatch: {0}")]
+    HeaderMismatch(String),
+    /// MCP 2026-07-28: the request's protocol version is not one served (-32022).
+    #[error("Unsupported protocol version")]
+    UnsupportedStatelessVersion { requested: String },
     #[error("invalid params: {0}")]
     InvalidParams(String),
     /// Malformed, absent, not routable or not allowed: deliberately indistinguishable.
@@ -247,6 +253,8 @@ impl ObolError {
             Parse(_) => return plain(-32700, StatusCode::BAD_REQUEST),
             InvalidRequest(_) => return plain(-32600, StatusCode::BAD_REQUEST),
             MethodNotFound => return plain(-32601, StatusCode::OK),
+            HeaderMismatch(_) => return plain(-32020, StatusCode::BAD_REQUEST),
+            UnsupportedStatelessVersion { .. } => return plain(-32022, StatusCode::BAD_REQUEST),
             InvalidParams(_) | UnknownTool => return plain(-32602, StatusCode::OK),
             InvalidArguments(_) => (-32602, StatusCode::OK, "invalid_arguments", false),
             NotReady => (RETRY_LATER, StatusCode::OK, "not_ready", true),
@@ -370,6 +378,13 @@ impl ObolError {
         if let Some(envelope) = self.envelope(&wire) {
             rendered["data"] = envelope;
         }
+        // The revision's own shape: what is served, and what was asked for.
+        if let ObolError::UnsupportedStatelessVersion { requested } = self {
+            rendered["data"] = json!({
+                "supported": crate::mcp::stateless::SUPPORTED,
+                "requested": requested,
+            });
+        }
         rendered
     }
 
@@ -473,6 +488,10 @@ mod tests {
         E::Parse(_) => E::Parse(String::new()),
         E::InvalidRequest(_) => E::InvalidRequest(String::new()),
         E::MethodNotFound => E::MethodNotFound,
+        E::HeaderMismatch(_) => E::HeaderMismatch(String::new()),
+        E::UnsupportedStatelessVersion { .. } => E::UnsupportedStatelessVersion {
+            requested: String::new(),
+        },
         E::InvalidParams(_) => E::InvalidParams(String::new()),
         E::UnknownTool => E::UnknownTool,
         E::InvalidArguments(_) => E::InvalidArguments(String::new()),

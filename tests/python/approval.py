@@ -1,9 +1,10 @@
 """Outside view of a held call through the official Python MCP SDK.
 
 Usage: approval.py URL TOKEN IDEMPOTENCY_KEY [APPROVAL_ID APPROVAL_TOKEN]. Calls
-stripe.create_refund under the given key, with the approval headers when given, and prints a
-JSON report: the error (code, message, data) when the call is held or refused, else the
-result.
+stripe.create_refund under the given key (in the SDK's default `auto` mode: 2026-07-28 when
+the gateway serves it), with the approval headers when given, and prints a JSON report: the
+protocol version, and the error (code, message, data) when the call is held or refused, else
+the result.
 """
 
 import asyncio
@@ -31,6 +32,7 @@ async def main(url: str, token: str, key: str, approval: list[str]) -> None:
                 report = {"isError": bool(result.is_error), "text": text}
             except MCPError as error:
                 report = {"code": error.code, "message": error.message, "data": error.data}
+            report["protocol"] = client.protocol_version
             print(json.dumps(report))
 
 

@@ -1,8 +1,9 @@
 """Outside view of the gateway through the official Python MCP SDK.
 
-Usage: client.py URL TOKEN. Connects in the SDK's default `auto` mode (it probes
-`server/discover` first and must fall back to `initialize`), lists tools, calls one, calls
-an unknown one, and prints a JSON report for the Rust test to check.
+Usage: client.py URL TOKEN [MODE]. Connects in MODE (the SDK's default `auto`, which probes
+`server/discover` and takes 2026-07-28 from a gateway that serves it; or `legacy`, the
+initialize handshake), lists tools, calls one, calls an unknown one, and prints a JSON report
+for the Rust test to check, with the protocol version negotiated.
 """
 
 import asyncio
@@ -15,10 +16,10 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 
 
-async def main(url: str, token: str) -> None:
+async def main(url: str, token: str, mode: str) -> None:
     http = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
     async with http:
-        async with Client(streamable_http_client(url, http_client=http)) as client:
+        async with Client(streamable_http_client(url, http_client=http), mode=mode) as client:
             listed = await client.list_tools()
             names = sorted(tool.name for tool in listed.tools)
             result = await client.call_tool("stripe.charges.list", {"limit": 2})
@@ -38,4 +39,4 @@ async def main(url: str, token: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], sys.argv[2]))
+    asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "auto"))

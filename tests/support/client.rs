@@ -59,6 +59,27 @@ impl McpClient {
         Ok(McpClient { service })
     }
 
+    /// rmcp's client in discover mode, at protocol 2026-07-28: no `initialize`, no session;
+    /// every request carries its own `_meta` and headers.
+    pub async fn connect_discover(url: &str, token: &str) -> McpClient {
+        use rmcp::service::{ClientLifecycleMode, ClientServiceExt};
+        let config =
+            StreamableHttpClientTransportConfig::with_uri(url.to_owned()).auth_header(token);
+        let transport = StreamableHttpClientTransport::from_config(config);
+        let info = ClientConfig::new(
+            ClientCapabilities::default(),
+            Implementation::new("obol-e2e", "0.1.0"),
+        );
+        let lifecycle = ClientLifecycleMode::Discover {
+            preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+        };
+        let service = info
+            .serve_with_lifecycle(transport, lifecycle)
+            .await
+            .unwrap();
+        McpClient { service }
+    }
+
     /// rmcp's client itself, for what the helpers do not cover.
     pub fn service(&self) -> &RunningService<RoleClient, ClientConfig> {
         &self.service

@@ -110,6 +110,11 @@ impl Resolved {
                 RouteKind::Federated => EvidenceClass::Untrusted,
             },
             capability: capability.as_ref().map(|c| c.decision.clone()),
+            trace_id: routed
+                .parsed
+                .trace_id
+                .as_ref()
+                .map(|t| t.as_str().to_owned()),
         };
         Authorized {
             routed,

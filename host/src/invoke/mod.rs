@@ -92,6 +92,8 @@ pub struct CallRequest {
     pub idempotency_key: Option<IdempotencyKey>,
     /// A verified approval token: this call resumes a held one.
     pub approval: Option<ApprovalGrant>,
+    /// The client's trace (`_meta.traceparent`), for the receipt.
+    pub trace_id: Option<crate::mcp::trace::TraceId>,
 }
 
 /// The idempotency identity of an authenticated call: returned on every answer, errors

@@ -21,6 +21,7 @@ pub struct Parsed {
     /// Whether the client named the key or the gateway minted it (receipts say which).
     pub key_source: KeySource,
     pub grant: Option<ApprovalGrant>,
+    pub trace_id: Option<crate::mcp::trace::TraceId>,
 }
 
 impl Parsed {
@@ -46,6 +47,7 @@ pub fn parse(request: CallRequest, mode: ToolsMode) -> Result<Parsed, Answer> {
         exactness,
         idempotency_key,
         approval,
+        trace_id,
     } = request;
     let key_source = match &idempotency_key {
         Some(_) => KeySource::Supplied,
@@ -92,5 +94,6 @@ pub fn parse(request: CallRequest, mode: ToolsMode) -> Result<Parsed, Answer> {
         idempotency_key,
         key_source,
         grant: approval,
+        trace_id,
     })
 }

@@ -85,6 +85,7 @@ pub fn build(key: &ClaimKey, record: &ClaimRecord, holder: &Holder, ending: Endi
         key_name: Some(holder.key_name.clone()),
         refusal: false,
         capability: holder.capability.clone(),
+        trace_id: holder.trace_id.clone(),
         created_at_ms: record.created_at_ms,
         finalized_at_ms: now_ms(),
     }
@@ -123,6 +124,7 @@ pub fn refused(
         key_name: Some(key.name.clone()),
         refusal: true,
         capability: None,
+        trace_id: None,
         created_at_ms: now,
         finalized_at_ms: now,
     }

@@ -163,6 +163,7 @@ pub fn holder_of(ticket: &Ticket) -> Holder {
         evidence: EvidenceClass::GatewayObserved,
         route: Default::default(),
         capability: ticket.capability.clone(),
+        trace_id: None,
     }
 }
 
@@ -217,6 +218,7 @@ mod tests {
             evidence: EvidenceClass::GatewayObserved,
             route: Default::default(),
             capability: None,
+            trace_id: None,
         };
         let settled = settle(&store, &key, &old, Settlement::DeadHolder, Some(&caller))
             .await

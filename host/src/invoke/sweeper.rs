@@ -81,5 +81,6 @@ fn unrecorded_holder(key: &ClaimKey) -> Holder {
         evidence: EvidenceClass::GatewayObserved,
         route: Default::default(),
         capability: None,
+        trace_id: None,
     }
 }

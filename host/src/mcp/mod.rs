@@ -7,7 +7,10 @@
 //! `docs/transport.md` is the status matrix.
 
 mod json;
+pub mod listens;
 mod session;
+pub mod stateless;
+pub mod trace;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -52,6 +55,17 @@ async fn handle(
     body: Body,
 ) -> Response {
     let version = known_version(&headers).unwrap_or(LATEST_VERSION);
+    // The stateless revision has no GET stream and no session to delete.
+    let stateless = headers
+        .get(VERSION_HEADER)
+        .is_some_and(|v| stateless::SUPPORTED.iter().any(|s| v == *s));
+    if stateless && method != Method::POST {
+        let mut response = method_not_allowed(stateless::VERSION);
+        response
+            .headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static("POST"));
+        return response;
+    }
     let outcome = match method {
         Method::POST => post(&gateway, &headers, body).await,
         Method::GET => get(Arc::clone(&gateway), &headers).await,
@@ -73,7 +87,11 @@ fn admit(gateway: &Gateway, headers: &HeaderMap) -> Result<Arc<VirtualKey>, Obol
     gateway.admit(authorization, Scope::Mcp)
 }
 
-async fn post(gateway: &Gateway, headers: &HeaderMap, body: Body) -> Result<Response, ObolError> {
+async fn post(
+    gateway: &Arc<Gateway>,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, ObolError> {
     let key = admit(gateway, headers)?;
     // A client that supplied a well-formed key gets it back on every authenticated answer,
     // refusals before the MCP server included (a minted key exists only once a call is read).
@@ -110,7 +128,7 @@ async fn post(gateway: &Gateway, headers: &HeaderMap, body: Body) -> Result<Resp
 }
 
 async fn post_admitted(
-    gateway: &Gateway,
+    gateway: &Arc<Gateway>,
     headers: &HeaderMap,
     body: Body,
     key: &Arc<VirtualKey>,
@@ -131,6 +149,19 @@ async fn post_admitted(
 
     let message: Value = json::parse(&body)?;
     let message = Message::parse(message)?;
+    if stateless::Era::of(headers, &message) == stateless::Era::Stateless {
+        let idempotency_key = idempotency_key_of(headers)?;
+        return Ok(serve_stateless(
+            gateway,
+            headers,
+            &key,
+            message,
+            idempotency_key,
+            approval,
+            &body,
+        )
+        .await);
+    }
     if let Some(presented) = single_header(headers, VERSION_HEADER)?
         && known_version(headers).is_none()
         && message.method() != Some("initialize")
@@ -159,19 +190,7 @@ async fn post_admitted(
 
     let session = session_of(gateway, headers, &key)?;
     let version = session.protocol_version;
-    // A malformed key is refused before anything is written, never ignored.
-    let idempotency_key = match single_header(headers, IDEMPOTENCY_HEADER) {
-        Err(_) => {
-            return Err(ObolError::InvalidIdempotencyKey(
-                "the header is given more than once or is not ASCII".into(),
-            ));
-        }
-        Ok(None) => None,
-        Ok(Some(text)) => Some(
-            IdempotencyKey::parse(text)
-                .map_err(|e| ObolError::InvalidIdempotencyKey(e.to_string()))?,
-        ),
-    };
+    let idempotency_key = idempotency_key_of(headers)?;
     match message {
         Message::Notification | Message::Reply => Ok(accepted(version)),
         Message::Request { id, method, params } => {
@@ -197,6 +216,116 @@ async fn post_admitted(
     }
 }
 
+/// The client's `Idempotency-Key`. A malformed key is refused before anything is written,
+/// never ignored.
+fn idempotency_key_of(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, ObolError> {
+    match single_header(headers, IDEMPOTENCY_HEADER) {
+        Err(_) => Err(ObolError::InvalidIdempotencyKey(
+            "the header is given more than once or is not ASCII".into(),
+        )),
+        Ok(None) => Ok(None),
+        Ok(Some(text)) => IdempotencyKey::parse(text)
+            .map(Some)
+            .map_err(|e| ObolError::InvalidIdempotencyKey(e.to_string())),
+    }
+}
+
+/// A 2026-07-28 request, after the checks both eras share: the revision's own checks, then
+/// the same methods a session runs. Every outcome is an answer.
+async fn serve_stateless(
+    gateway: &Arc<Gateway>,
+    headers: &HeaderMap,
+    key: &Arc<VirtualKey>,
+    message: Message,
+    idempotency_key: Option<IdempotencyKey>,
+    approval: Option<ApprovalGrant>,
+    body: &[u8],
+) -> Response {
+    let Message::Request { id, method, params } = message else {
+        return accepted(stateless::VERSION);
+    };
+    if let Err(refusal) = stateless::check(headers, &method, &params) {
+        return stateless::answer(id, Err(refusal), None);
+    }
+    let ttl = gateway.list_ttl_ms(&key.workspace);
+    let (result, claim) = match method.as_str() {
+        "server/discover" => (Ok(Outcome::Value(stateless::discover())), None),
+        "tools/list" => (
+            gateway
+                .list_tools(key)
+                .await
+                .map(|listing| stateless::tools_list(listing, ttl)),
+            None,
+        ),
+        "tools/call" => {
+            let (result, claim) = call(gateway, key, params, idempotency_key, approval, body).await;
+            (result.map(stateless::complete), claim)
+        }
+        "prompts/list" => (
+            Ok(Outcome::Value(stateless::empty_list("prompts", ttl))),
+            None,
+        ),
+        "resources/list" => (
+            Ok(Outcome::Value(stateless::empty_list("resources", ttl))),
+            None,
+        ),
+        "resources/templates/list" => (
+            Ok(Outcome::Value(stateless::empty_list(
+                "resourceTemplates",
+                ttl,
+            ))),
+            None,
+        ),
+        "resources/read" => (
+            Err(ObolError::InvalidParams("no resource has this uri".into())),
+            None,
+        ),
+        "subscriptions/listen" => match gateway.listens.take(key.hash) {
+            Some(slot) => {
+                return stateless::listen(Arc::clone(gateway), key, id, &params, slot);
+            }
+            None => (Err(ObolError::SessionLimit), None),
+        },
+        _ => (Err(ObolError::MethodNotFound), None),
+    };
+    let mut response = stateless::answer(id, result, claim.as_ref());
+    if let Some(claim) = claim {
+        response.headers_mut().insert(
+            IDEMPOTENCY_HEADER,
+            HeaderValue::from_str(claim.key.as_str()).expect("keys are ASCII"),
+        );
+    }
+    response
+}
+
+/// A `tools/call`, in either era: the lifecycle, with the call's identity for the answer.
+async fn call(
+    gateway: &Gateway,
+    key: &VirtualKey,
+    params: Map<String, Value>,
+    idempotency_key: Option<IdempotencyKey>,
+    approval: Option<ApprovalGrant>,
+    body: &[u8],
+) -> (Result<Outcome, ObolError>, Option<ClaimIdentity>) {
+    let trace_id = trace::trace_id(
+        params
+            .get("_meta")
+            .and_then(Value::as_object)
+            .and_then(|meta| meta.get("traceparent")),
+    );
+    let request = CallRequest {
+        params,
+        // Read from the text: a parsed value has already rounded the digits away.
+        exactness: crate::idempotency::exact_numbers_at(body, &["params", "arguments"]),
+        idempotency_key,
+        approval,
+        trace_id,
+    };
+    let catalog = gateway.catalog();
+    let answer = invoke::invoke(&gateway.services, &catalog, key, request).await;
+    (answer.result.map(Outcome::Value), answer.identity)
+}
+
 async fn dispatch(
     gateway: &Gateway,
     key: &VirtualKey,
@@ -209,18 +338,7 @@ async fn dispatch(
     match method {
         "ping" => (Ok(Outcome::Value(json!({}))), None),
         "tools/list" => (gateway.list_tools(key).await.map(Outcome::Raw), None),
-        "tools/call" => {
-            let request = CallRequest {
-                params,
-                // Read from the text: a parsed value has already rounded the digits away.
-                exactness: crate::idempotency::exact_numbers_at(body, &["params", "arguments"]),
-                idempotency_key,
-                approval,
-            };
-            let catalog = gateway.catalog();
-            let answer = invoke::invoke(&gateway.services, &catalog, key, request).await;
-            (answer.result.map(Outcome::Value), answer.identity)
-        }
+        "tools/call" => call(gateway, key, params, idempotency_key, approval, body).await,
         _ => (Err(ObolError::MethodNotFound), None),
     }
 }
@@ -549,8 +667,7 @@ enum Outcome {
     Raw(String),
 }
 
-/// A JSON-RPC response (result or error) as one SSE event. An error raised after a claim
-/// exists names the claim's key and receipt, so the client can retry the same logical call.
+/// A JSON-RPC response (result or error) as one SSE event.
 fn answer(
     status: StatusCode,
     version: &'static str,
@@ -558,13 +675,28 @@ fn answer(
     result: Result<Outcome, ObolError>,
     claim: Option<&ClaimIdentity>,
 ) -> Response {
-    let (status, message) = match result {
+    let (error_status, message) = message(id, result, claim);
+    let status = error_status.unwrap_or(status);
+    let mut response = Response::new(Body::from(format!("event: message\ndata: {message}\n\n")));
+    decorate(&mut response, status, version);
+    response
+}
+
+/// A JSON-RPC response's text, and for an error, the status its wire gives it. An error
+/// raised after a claim exists names the claim's key and receipt, so the client can retry the
+/// same logical call.
+fn message(
+    id: Value,
+    result: Result<Outcome, ObolError>,
+    claim: Option<&ClaimIdentity>,
+) -> (Option<StatusCode>, String) {
+    match result {
         Ok(Outcome::Value(result)) => (
-            status,
+            None,
             json!({ "jsonrpc": "2.0", "id": id, "result": result }).to_string(),
         ),
         Ok(Outcome::Raw(result)) => (
-            status,
+            None,
             format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{result}}}"#),
         ),
         Err(error) => {
@@ -578,14 +710,11 @@ fn answer(
                 }
             }
             (
-                error.wire().http,
+                Some(error.wire().http),
                 json!({ "jsonrpc": "2.0", "id": id, "error": rendered }).to_string(),
             )
         }
-    };
-    let mut response = Response::new(Body::from(format!("event: message\ndata: {message}\n\n")));
-    decorate(&mut response, status, version);
-    response
+    }
 }
 
 /// A refusal made before a request reaches `/mcp`'s handler (the listener's), rendered as

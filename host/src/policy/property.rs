@@ -306,6 +306,7 @@ fn call_tool_request(name: &str) -> crate::invoke::CallRequest {
             crate::idempotency::IdempotencyKey::parse("idt_property-key-00001").unwrap(),
         ),
         approval: None,
+        trace_id: None,
     }
 }
 

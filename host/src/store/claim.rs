@@ -127,6 +127,9 @@ pub struct Holder {
     /// provider's). A retry or resume of the slot is sent on this route, never another.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capability: Option<crate::capability::router::Decision>,
+    /// The client's W3C trace id, when its request carried a well-formed `traceparent`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
 }
 
 /// The approval a slot was held for. Kept after the hold ends: a slot once held is resent
@@ -417,6 +420,7 @@ mod tests {
             evidence: EvidenceClass::GatewayObserved,
             route: Default::default(),
             capability: None,
+            trace_id: None,
         }
     }
 

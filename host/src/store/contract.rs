@@ -29,6 +29,7 @@ fn holder() -> Holder {
         evidence: EvidenceClass::GatewayObserved,
         route: Default::default(),
         capability: None,
+        trace_id: None,
     }
 }
 
@@ -54,6 +55,7 @@ fn record_leased_until(lease_until_ms: u64) -> ClaimRecord {
 fn receipt(record: &ClaimRecord, claim: &ClaimKey) -> Receipt {
     Receipt {
         capability: None,
+        trace_id: None,
         id: record.receipt_id.clone(),
         workspace: claim.workspace.clone(),
         idempotency_key: claim.key.to_string(),

@@ -198,6 +198,9 @@ pub struct Receipt {
     /// A capability call's routing decision: which provider, why, and what was passed over.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capability: Option<crate::capability::router::Decision>,
+    /// The client's W3C trace id (`_meta.traceparent`), to find a receipt from a trace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
     pub created_at_ms: u64,
     pub finalized_at_ms: u64,
 }
