@@ -285,6 +285,70 @@ async fn the_revisions_checks_answer_with_its_codes() {
         answer.text
     );
 
+    // A supplied key comes back on a refusal; a malformed one is refused as JSON.
+    let k = key("refused");
+    let answer = post(
+        &gateway,
+        TOKEN,
+        "tools/call",
+        call(),
+        &[("mcp-name", None), ("idempotency-key", Some(&k))],
+    )
+    .await;
+    assert_eq!(answer.headers["idempotency-key"], k.as_str());
+    let answer = post(
+        &gateway,
+        TOKEN,
+        "tools/call",
+        call(),
+        &[("idempotency-key", Some("nope"))],
+    )
+    .await;
+    assert_eq!(answer.status, 400, "{}", answer.text);
+    assert_eq!(answer.headers["content-type"], "application/json");
+    assert_eq!(
+        answer.body["error"]["data"]["type"],
+        json!("invalid_idempotency_key")
+    );
+    // prompts/get names nothing Obol serves; a listen id is bounded.
+    let answer = post(
+        &gateway,
+        TOKEN,
+        "prompts/get",
+        params(json!({"name": "p"})),
+        &[],
+    )
+    .await;
+    assert_eq!(
+        (answer.status, answer.body["error"]["code"].clone()),
+        (400, json!(-32602))
+    );
+    let mut listen = reqwest::Client::new()
+        .post(&gateway.url)
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .header("accept", "application/json, text/event-stream")
+        .header("content-type", "application/json")
+        .header("mcp-protocol-version", V2026)
+        .header("mcp-method", "subscriptions/listen");
+    let long_id = "x".repeat(300);
+    listen = listen.body(
+        json!({"jsonrpc": "2.0", "id": long_id, "method": "subscriptions/listen", "params": params(json!({}))})
+            .to_string(),
+    );
+    assert_eq!(listen.send().await.unwrap().status(), 400);
+    // GET at 2026: 405, but only for a caller that passed origin and key.
+    let get = |token: Option<&str>| {
+        let mut request = reqwest::Client::new()
+            .get(&gateway.url)
+            .header("mcp-protocol-version", V2026);
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        request.send()
+    };
+    assert_eq!(get(None).await.unwrap().status(), 401);
+    assert_eq!(get(Some(TOKEN)).await.unwrap().status(), 405);
+
     // Handshake-era requests keep their answers: an unknown version header without a 2026
     // body is still -32007 (400), and `initialize` never answers 2026-07-28.
     let raw = crate::support::RawMcp::new(&gateway.url);

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use super::parse::Parsed;
 use super::{Answer, Services};
@@ -39,7 +39,7 @@ impl Parsed {
         key: &VirtualKey,
     ) -> Result<Routed, Answer> {
         self.find(catalog, key).map_err(|parsed| {
-            record_refusal(services, catalog, key, &parsed.name, &parsed.arguments);
+            record_refusal(services, catalog, key, &parsed);
             parsed.refuse(ObolError::UnknownTool)
         })
     }
@@ -138,13 +138,8 @@ impl RefusalBudget {
 /// Records why a call was answered `Unknown tool`, for the owner. The client's answer is the
 /// same bytes whatever the reason; the receipt is written in the background so that the
 /// answer does not wait on it either.
-fn record_refusal(
-    services: &Services,
-    catalog: &Catalog,
-    key: &VirtualKey,
-    name: &str,
-    arguments: &Map<String, Value>,
-) {
+fn record_refusal(services: &Services, catalog: &Catalog, key: &VirtualKey, parsed: &Parsed) {
+    let (name, arguments) = (parsed.name.as_str(), &parsed.arguments);
     if !services.refusals.take(key) {
         return;
     }
@@ -225,6 +220,7 @@ fn record_refusal(
         verdict.as_ref(),
     );
     receipt.capability = decision;
+    receipt.trace_id = parsed.trace_id.as_ref().map(|t| t.as_str().to_owned());
     let store = services.store.clone();
     tokio::spawn(async move {
         if let Err(error) = store.record_refusal(&receipt).await {

@@ -60,6 +60,10 @@ async fn handle(
         .get(VERSION_HEADER)
         .is_some_and(|v| stateless::SUPPORTED.iter().any(|s| v == *s));
     if stateless && method != Method::POST {
+        // Origin and key first, as for every method.
+        if let Err(refused) = admit(&gateway, &headers) {
+            return rejection(&refused, Value::Null, stateless::VERSION);
+        }
         let mut response = method_not_allowed(stateless::VERSION);
         response
             .headers_mut()
@@ -150,17 +154,7 @@ async fn post_admitted(
     let message: Value = json::parse(&body)?;
     let message = Message::parse(message)?;
     if stateless::Era::of(headers, &message) == stateless::Era::Stateless {
-        let idempotency_key = idempotency_key_of(headers)?;
-        return Ok(serve_stateless(
-            gateway,
-            headers,
-            &key,
-            message,
-            idempotency_key,
-            approval,
-            &body,
-        )
-        .await);
+        return Ok(serve_stateless(gateway, headers, &key, message, approval, &body).await);
     }
     if let Some(presented) = single_header(headers, VERSION_HEADER)?
         && known_version(headers).is_none()
@@ -237,16 +231,34 @@ async fn serve_stateless(
     headers: &HeaderMap,
     key: &Arc<VirtualKey>,
     message: Message,
-    idempotency_key: Option<IdempotencyKey>,
     approval: Option<ApprovalGrant>,
     body: &[u8],
 ) -> Response {
     let Message::Request { id, method, params } = message else {
         return accepted(stateless::VERSION);
     };
-    if let Err(refusal) = stateless::check(headers, &method, &params) {
-        return stateless::answer(id, Err(refusal), None);
-    }
+    // A well-formed key the client supplied comes back on every answer, refusals included.
+    let supplied = single_header(headers, IDEMPOTENCY_HEADER)
+        .ok()
+        .flatten()
+        .and_then(|text| IdempotencyKey::parse(text).ok());
+    let echo = |mut response: Response, key: Option<&IdempotencyKey>| {
+        if let Some(key) = key {
+            response.headers_mut().insert(
+                IDEMPOTENCY_HEADER,
+                HeaderValue::from_str(key.as_str()).expect("keys are ASCII"),
+            );
+        }
+        response
+    };
+    let checked =
+        stateless::check(headers, &method, &params).and_then(|()| idempotency_key_of(headers));
+    let idempotency_key = match checked {
+        Ok(key) => key,
+        Err(refusal) => {
+            return echo(stateless::answer(id, Err(refusal), None), supplied.as_ref());
+        }
+    };
     let ttl = gateway.list_ttl_ms(&key.workspace);
     let (result, claim) = match method.as_str() {
         "server/discover" => (Ok(Outcome::Value(stateless::discover())), None),
@@ -280,6 +292,18 @@ async fn serve_stateless(
             Err(ObolError::InvalidParams("no resource has this uri".into())),
             None,
         ),
+        "prompts/get" => (
+            Err(ObolError::InvalidParams("no prompt has this name".into())),
+            None,
+        ),
+        // The listen's id tags every notification: a bounded one.
+        "subscriptions/listen" if id.to_string().len() > stateless::LISTEN_ID_LIMIT => (
+            Err(ObolError::InvalidParams(format!(
+                "a subscriptions/listen id is at most {} bytes",
+                stateless::LISTEN_ID_LIMIT
+            ))),
+            None,
+        ),
         "subscriptions/listen" => match gateway.listens.take(key.hash) {
             Some(slot) => {
                 return stateless::listen(Arc::clone(gateway), key, id, &params, slot);
@@ -288,14 +312,11 @@ async fn serve_stateless(
         },
         _ => (Err(ObolError::MethodNotFound), None),
     };
-    let mut response = stateless::answer(id, result, claim.as_ref());
-    if let Some(claim) = claim {
-        response.headers_mut().insert(
-            IDEMPOTENCY_HEADER,
-            HeaderValue::from_str(claim.key.as_str()).expect("keys are ASCII"),
-        );
-    }
-    response
+    let response = stateless::answer(id, result, claim.as_ref());
+    echo(
+        response,
+        claim.as_ref().map(|c| &c.key).or(supplied.as_ref()),
+    )
 }
 
 /// A `tools/call`, in either era: the lifecycle, with the call's identity for the answer.

@@ -21,6 +21,9 @@ use crate::error::ObolError;
 use crate::gateway::{Event, Gateway};
 use crate::policy::VirtualKey;
 
+/// The longest `subscriptions/listen` id, as JSON text: it is repeated in every notification.
+pub const LISTEN_ID_LIMIT: usize = 256;
+
 /// The one stateless revision served.
 pub const VERSION: &str = "2026-07-28";
 pub const SUPPORTED: [&str; 1] = [VERSION];
@@ -257,11 +260,16 @@ pub fn listen(
         "method": "notifications/subscriptions/acknowledged",
         "params": {"_meta": {META_SUBSCRIPTION: id}, "notifications": honoured},
     });
-    let changed = json!({
-        "jsonrpc": "2.0",
-        "method": "notifications/tools/list_changed",
-        "params": {"_meta": {META_SUBSCRIPTION: id}},
-    });
+    // Rendered once; every notification is a clone of the same text.
+    let changed: Arc<str> = format!(
+        "event: message\ndata: {}\n\n",
+        json!({
+            "jsonrpc": "2.0",
+            "method": "notifications/tools/list_changed",
+            "params": {"_meta": {META_SUBSCRIPTION: id}},
+        })
+    )
+    .into();
     let first = futures_util::stream::once(async move {
         Ok::<_, std::convert::Infallible>(format!("event: message\ndata: {ack}\n\n"))
     });
@@ -270,7 +278,7 @@ pub fn listen(
     let rest = futures_util::stream::unfold(
         (events, gateway, slot),
         move |(mut events, gateway, slot)| {
-            let changed = changed.clone();
+            let changed = Arc::clone(&changed);
             async move {
                 // Re-checked on every event and keepalive: a revoked key's stream ends.
                 if !gateway.keys().knows(&owner) {
@@ -282,7 +290,7 @@ pub fn listen(
                     | Ok(Err(tokio::sync::broadcast::error::RecvError::Lagged(_)))
                         if wanted =>
                     {
-                        format!("event: message\ndata: {changed}\n\n")
+                        changed.to_string()
                     }
                     Ok(Ok(_)) | Ok(Err(tokio::sync::broadcast::error::RecvError::Lagged(_))) => {
                         ": \n\n".to_owned()
