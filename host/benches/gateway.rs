@@ -9,7 +9,8 @@
 //! loaded; and an MCP upstream's tool called directly from rmcp's client and through Obol, with
 //! the native path beside it, plus a `tools/list` fanned out over 20 cached upstreams; a
 //! capability's routing decision, and a `cap.*` call against its provider called directly
-//! through Obol (alternating, one call each, so both see the same machine). Client,
+//! through Obol (alternating, one call each, so both see the same machine); and `outside`:
+//! vendor, gateway and client as separate processes, the way a deployment runs. Client,
 //! gateway, Redis, mock vendor and mock upstream share the machine's cores.
 
 use std::sync::Arc;
@@ -70,6 +71,9 @@ fn main() {
     }
     if wanted("stateless") {
         runtime.block_on(stateless_versus_session());
+    }
+    if wanted("outside") {
+        runtime.block_on(outside(&redis));
     }
 }
 
@@ -1383,5 +1387,201 @@ async fn stateless_versus_session() {
         "  median p50: session {}, stateless {}   (target: stateless <= session)",
         us(sessions[2]),
         us(statelesses[2])
+    );
+}
+
+/// A child process killed when dropped.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Spawns `command` and returns it with the first stdout line that starts with `prefix`
+/// (what follows the prefix).
+fn spawn_reading(mut command: std::process::Command, prefix: &str) -> (Child, String) {
+    use std::io::BufRead;
+    let mut child = command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = std::io::BufReader::new(stdout).lines();
+    let found = lines
+        .find_map(|line| line.ok()?.strip_prefix(prefix).map(str::to_owned))
+        .expect("the child's ready line");
+    (Child(child), found)
+}
+
+/// As a deployment runs: the vendor (Node), the gateway (`obol serve`, embedded store and
+/// Redis) and this client in separate processes on loopback. The same Stripe-shaped read,
+/// direct and through Obol, interleaved within each run; medians of 3 runs.
+async fn outside(redis: &Redis) {
+    let (_vendor, port) = spawn_reading(
+        {
+            let mut node = std::process::Command::new("node");
+            node.arg(concat!(env!("CARGO_MANIFEST_DIR"), "/benches/vendor.js"));
+            node
+        },
+        "listening ",
+    );
+    let vendor = format!("127.0.0.1:{port}");
+    let dir = tempfile::tempdir().unwrap();
+    let signing_key = dir.path().join("approval.key");
+    std::fs::write(
+        &signing_key,
+        hex::encode(obol::approvals::token::generate_signing_key().to_bytes()),
+    )
+    .unwrap();
+    let mut gateways = Vec::new();
+    for (name, store) in [
+        (
+            "embedded",
+            format!("path = {:?}", dir.path().join("outside.redb")),
+        ),
+        ("redis", format!("redis_url = {:?}", redis.url())),
+    ] {
+        let config = dir.path().join(format!("{name}.toml"));
+        std::fs::write(
+            &config,
+            format!(
+                r#"
+[runtime]
+max_concurrent_calls = 64
+[connectors]
+components = ["bundled:stripe"]
+[[workspaces]]
+id = "bench"
+[[workspaces.connections]]
+id = "stripe"
+connector = "stripe"
+base_url = "http://{vendor}"
+[[keys]]
+name = "bench"
+hash = "{}"
+workspace = "bench"
+environment = "dev"
+allowed_tools = ["stripe.*"]
+[approvals]
+signing_key = {{ id = "bench", file = {signing_key:?} }}
+[store]
+{store}
+"#,
+                KeyHash::of_token(TOKEN)
+            ),
+        )
+        .unwrap();
+        let mut obol = std::process::Command::new(env!("CARGO_BIN_EXE_obol"));
+        obol.args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(&config)
+            .env("RUST_LOG", "warn");
+        let (child, url) = spawn_reading(obol, "obol listening on ");
+        gateways.push((name, child, url));
+    }
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(64)
+        .build()
+        .unwrap();
+    let direct_url = format!("http://{vendor}/v1/charges?limit=2");
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "stripe.charges.list", "arguments": {"limit": 2}}})
+    .to_string();
+    let mut sessions = Vec::new();
+    for (_, _, url) in &gateways {
+        sessions.push(initialize(&http, url).await);
+    }
+    let direct = {
+        let (http, url) = (http.clone(), direct_url.clone());
+        move || {
+            let (http, url) = (http.clone(), url.clone());
+            async move {
+                let response = http.get(&url).send().await.unwrap();
+                assert!(response.status().is_success());
+                response.bytes().await.unwrap();
+            }
+        }
+    };
+    let through = |url: String, session: String| {
+        let (http, body) = (http.clone(), body.clone());
+        move || {
+            let (http, url, session, body) =
+                (http.clone(), url.clone(), session.clone(), body.clone());
+            async move {
+                let text = http
+                    .post(&url)
+                    .header("authorization", format!("Bearer {TOKEN}"))
+                    .header("mcp-session-id", &session)
+                    .header("accept", "application/json, text/event-stream")
+                    .header("content-type", "application/json")
+                    .body(body)
+                    .send()
+                    .await
+                    .unwrap()
+                    .text()
+                    .await
+                    .unwrap();
+                assert!(text.contains("\"result\""), "{text}");
+            }
+        }
+    };
+    println!(
+        "\noutside: vendor (Node), gateway (obol serve) and client in separate processes; stripe.charges.list; interleaved; median of 3 runs"
+    );
+    println!(
+        "  {:<26} {:>10} {:>10} {:>12} {:>14}",
+        "", "p50", "p99", "calls/s", "vs direct"
+    );
+    for concurrency in [1usize, 32] {
+        let mut runs: Vec<Vec<Figures>> = vec![Vec::new(), Vec::new(), Vec::new()];
+        for _ in 0..3 {
+            runs[0].push(load(concurrency, direct.clone()).await);
+            for (i, ((_, _, url), session)) in gateways.iter().zip(&sessions).enumerate() {
+                runs[i + 1].push(load(concurrency, through(url.clone(), session.clone())).await);
+            }
+        }
+        let median = |figures: &mut Vec<Figures>| {
+            figures.sort_by_key(|f| f.p50);
+            let p50 = figures[1].p50;
+            let mut p99s: Vec<Duration> = figures.iter().map(|f| f.p99).collect();
+            p99s.sort();
+            let mut rates: Vec<f64> = figures.iter().map(|f| f.rate).collect();
+            rates.sort_by(f64::total_cmp);
+            Figures {
+                p50,
+                p99: p99s[1],
+                rate: rates[1],
+            }
+        };
+        let direct_figures = median(&mut runs[0]);
+        for (label, figures) in ["direct", "Obol, embedded store", "Obol, Redis store"]
+            .iter()
+            .zip(runs.iter_mut())
+        {
+            let f = median(figures);
+            let versus = if *label == "direct" {
+                String::new()
+            } else {
+                format!(
+                    "+{} / {:.0} %",
+                    us(f.p50.saturating_sub(direct_figures.p50)),
+                    100.0 * f.rate / direct_figures.rate
+                )
+            };
+            println!(
+                "  {:<26} {:>10} {:>10} {:>12.0} {:>14}",
+                format!("{label} c={concurrency}"),
+                us(f.p50),
+                us(f.p99),
+                f.rate,
+                versus
+            );
+        }
+    }
+    println!(
+        "  targets (issue 14): c=1 added p50 <= 0.35 ms embedded, <= 0.45 ms Redis; c=32 >= 6,000 calls/s and >= 50 % of direct"
     );
 }
