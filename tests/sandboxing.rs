@@ -81,30 +81,48 @@ async fn hostile_components_are_stopped_and_the_gateway_keeps_serving() {
     client.close().await;
 }
 
-#[tokio::test]
+/// Guests run inline on the gateway's async workers (ADR-0049), one per core here: two guests
+/// spinning to their deadline must still let the other calls through, each waiting at most a
+/// few epoch ticks, not the spinners' whole deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_hostile_calls_do_not_starve_others() {
     let vendor = MockVendor::start().await;
     let gateway = GatewayProcess::start(&GatewayConfig::new(&vendor.base_url()));
     let spinner = std::sync::Arc::new(McpClient::connect(&gateway.url, TOKEN).await);
     let client = McpClient::connect(&gateway.url, TOKEN).await;
-    // Two spinning guests at once: one per core of this machine.
+    still_serving(&client).await;
     let spins: Vec<_> = (0..2)
         .map(|_| {
             let spinner = std::sync::Arc::clone(&spinner);
-            tokio::spawn(async move { spinner.call("hostile.spin", json!({})).await })
+            tokio::spawn(async move { error_type(&spinner, "hostile.spin").await })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let started = Instant::now();
-    still_serving(&client).await;
-    assert!(
-        started.elapsed() < Duration::from_millis(400),
-        "spinning guests held up another call for {:?}",
-        started.elapsed()
-    );
-    for spin in spins {
-        let _ = spin.await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Normal calls back to back while both spinners hold a worker (deadline 500 ms).
+    let window = Instant::now();
+    let mut latencies = Vec::new();
+    while window.elapsed() < Duration::from_millis(300) {
+        let started = Instant::now();
+        still_serving(&client).await;
+        latencies.push(started.elapsed());
     }
+    for spin in spins {
+        let (_, kind, message) = spin.await.unwrap();
+        assert_eq!(kind, "component_failed", "{message}");
+        assert!(message.contains("deadline"), "{message}");
+    }
+    latencies.sort();
+    eprintln!("normal calls beside two spinning guests: {latencies:?}");
+    // Without yielding, the first call would wait for a spinner's deadline (~450 ms).
+    assert!(
+        latencies.len() >= 5,
+        "only {} normal calls in 300 ms beside two spinners: {latencies:?}",
+        latencies.len()
+    );
+    assert!(
+        latencies[latencies.len() - 1] < Duration::from_millis(200),
+        "spinning guests held up a normal call: {latencies:?}"
+    );
 }
 
 #[test]

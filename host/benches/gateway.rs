@@ -13,8 +13,8 @@
 //! vendor, gateway and client as separate processes, the way a deployment runs. Client,
 //! gateway, Redis, mock vendor and mock upstream share the machine's cores.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -28,6 +28,8 @@ use serde_json::json;
 const PAYMENTS: &[u8] = include_bytes!(env!("OBOL_GUEST_PAYMENTS"));
 const TOKEN: &str = "obk_bench";
 const RUN_FOR: Duration = Duration::from_secs(4);
+/// Calls made before each timed run.
+const WARM_UP: usize = 200;
 
 const CHARGES: &str = r#"{"object":"list","has_more":false,"data":[{"id":"ch_1","object":"charge","amount":1000,"currency":"usd","status":"succeeded"},{"id":"ch_2","object":"charge","amount":2000,"currency":"usd","status":"succeeded"}]}"#;
 
@@ -74,6 +76,10 @@ fn main() {
     }
     if wanted("outside") {
         runtime.block_on(outside(&redis));
+    }
+    // Not in the default run: ten minutes by default.
+    if only.split(',').any(|s| s == "soak") {
+        runtime.block_on(soak(&redis));
     }
 }
 
@@ -352,7 +358,12 @@ async fn store_alone(redis: &Redis) {
 }
 
 fn rss_mib() -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    rss_mib_of("self")
+}
+
+/// Resident memory of a process (`self` or a pid), from `/proc`.
+fn rss_mib_of(process: &str) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{process}/status")).unwrap_or_default();
     status
         .lines()
         .find_map(|l| l.strip_prefix("VmRSS:"))
@@ -578,7 +589,7 @@ async fn guest_alone() {
     }
     let (p50, p99) = percentiles(&mut samples);
     println!(
-        "guest work: 2 x (fresh store + instantiate) + prepare + interpret, via the blocking pool"
+        "guest work: 2 x (fresh store + instantiate) + prepare + interpret, inline on the calling task"
     );
     println!(
         "  p50 {} p99 {}   (target: p50 <= 50 us)\n",
@@ -814,7 +825,7 @@ where
     F: Fn() -> Fut + Clone + Send + 'static,
     Fut: std::future::Future<Output = ()> + Send,
 {
-    for _ in 0..200 {
+    for _ in 0..WARM_UP {
         call().await;
     }
     let stop = Arc::new(AtomicBool::new(false));
@@ -1417,39 +1428,57 @@ fn spawn_reading(mut command: std::process::Command, prefix: &str) -> (Child, St
     (Child(child), found)
 }
 
-/// As a deployment runs: the vendor (Node), the gateway (`obol serve`, embedded store and
-/// Redis) and this client in separate processes on loopback. The same Stripe-shaped read,
-/// direct and through Obol, interleaved within each run; medians of 3 runs.
-async fn outside(redis: &Redis) {
-    let (_vendor, port) = spawn_reading(
-        {
-            let mut node = std::process::Command::new("node");
-            node.arg(concat!(env!("CARGO_MANIFEST_DIR"), "/benches/vendor.js"));
-            node
-        },
-        "listening ",
-    );
-    let vendor = format!("127.0.0.1:{port}");
-    let dir = tempfile::tempdir().unwrap();
-    let signing_key = dir.path().join("approval.key");
-    std::fs::write(
-        &signing_key,
-        hex::encode(obol::approvals::token::generate_signing_key().to_bytes()),
-    )
-    .unwrap();
-    let mut gateways = Vec::new();
-    for (name, store) in [
-        (
-            "embedded",
-            format!("path = {:?}", dir.path().join("outside.redb")),
-        ),
-        ("redis", format!("redis_url = {:?}", redis.url())),
-    ] {
-        let config = dir.path().join(format!("{name}.toml"));
+/// The deployment shape: a Node vendor and two `obol serve` gateways (embedded store, Redis),
+/// each its own process, reached over loopback.
+struct Rig {
+    _vendor: Child,
+    vendor: String,
+    gateways: Vec<OutsideGateway>,
+    _dir: tempfile::TempDir,
+}
+
+struct OutsideGateway {
+    name: &'static str,
+    child: Child,
+    url: String,
+    session: String,
+    /// The embedded store's file; `None` on Redis.
+    store_file: Option<std::path::PathBuf>,
+}
+
+impl Rig {
+    async fn start(redis: &Redis, http: &reqwest::Client) -> Rig {
+        let (vendor_process, port) = spawn_reading(
+            {
+                let mut node = std::process::Command::new("node");
+                node.arg(concat!(env!("CARGO_MANIFEST_DIR"), "/benches/vendor.js"));
+                node
+            },
+            "listening ",
+        );
+        let vendor = format!("127.0.0.1:{port}");
+        let dir = tempfile::tempdir().unwrap();
+        let signing_key = dir.path().join("approval.key");
         std::fs::write(
-            &config,
-            format!(
-                r#"
+            &signing_key,
+            hex::encode(obol::approvals::token::generate_signing_key().to_bytes()),
+        )
+        .unwrap();
+        let mut gateways = Vec::new();
+        let store_file = dir.path().join("outside.redb");
+        for (name, store, file) in [
+            (
+                "embedded",
+                format!("path = {store_file:?}"),
+                Some(store_file.clone()),
+            ),
+            ("redis", format!("redis_url = {:?}", redis.url()), None),
+        ] {
+            let config = dir.path().join(format!("{name}.toml"));
+            std::fs::write(
+                &config,
+                format!(
+                    r#"
 [runtime]
 max_concurrent_calls = 64
 [connectors]
@@ -1471,46 +1500,62 @@ signing_key = {{ id = "bench", file = {signing_key:?} }}
 [store]
 {store}
 "#,
-                KeyHash::of_token(TOKEN)
-            ),
-        )
-        .unwrap();
-        let mut obol = std::process::Command::new(env!("CARGO_BIN_EXE_obol"));
-        obol.args(["serve", "--listen", "127.0.0.1:0", "--config"])
-            .arg(&config)
-            .env("RUST_LOG", "warn");
-        let (child, url) = spawn_reading(obol, "obol listening on ");
-        gateways.push((name, child, url));
+                    KeyHash::of_token(TOKEN)
+                ),
+            )
+            .unwrap();
+            let mut obol = std::process::Command::new(env!("CARGO_BIN_EXE_obol"));
+            obol.args(["serve", "--listen", "127.0.0.1:0", "--config"])
+                .arg(&config)
+                .env("RUST_LOG", "warn");
+            let (child, url) = spawn_reading(obol, "obol listening on ");
+            let session = initialize(http, &url).await;
+            gateways.push(OutsideGateway {
+                name,
+                child,
+                url,
+                session,
+                store_file: file,
+            });
+        }
+        Rig {
+            _vendor: vendor_process,
+            vendor,
+            gateways,
+            _dir: dir,
+        }
     }
-    let http = reqwest::Client::builder()
-        .pool_max_idle_per_host(64)
-        .build()
-        .unwrap();
-    let direct_url = format!("http://{vendor}/v1/charges?limit=2");
-    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-        "params": {"name": "stripe.charges.list", "arguments": {"limit": 2}}})
-    .to_string();
-    let mut sessions = Vec::new();
-    for (_, _, url) in &gateways {
-        sessions.push(initialize(&http, url).await);
-    }
-    let direct = {
-        let (http, url) = (http.clone(), direct_url.clone());
+
+    /// The vendor called directly.
+    fn direct(&self, http: &reqwest::Client) -> impl Fn() -> BoxedCall + Clone + Send + 'static {
+        let (http, url) = (
+            http.clone(),
+            format!("http://{}/v1/charges?limit=2", self.vendor),
+        );
         move || {
             let (http, url) = (http.clone(), url.clone());
-            async move {
+            Box::pin(async move {
                 let response = http.get(&url).send().await.unwrap();
                 assert!(response.status().is_success());
                 response.bytes().await.unwrap();
-            }
+            })
         }
-    };
-    let through = |url: String, session: String| {
-        let (http, body) = (http.clone(), body.clone());
+    }
+}
+
+type BoxedCall = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+impl OutsideGateway {
+    /// The same read, as a `tools/call` through this gateway.
+    fn call(&self, http: &reqwest::Client) -> impl Fn() -> BoxedCall + Clone + Send + 'static {
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": "stripe.charges.list", "arguments": {"limit": 2}}})
+        .to_string();
+        let (http, url, session) = (http.clone(), self.url.clone(), self.session.clone());
         move || {
             let (http, url, session, body) =
                 (http.clone(), url.clone(), session.clone(), body.clone());
-            async move {
+            Box::pin(async move {
                 let text = http
                     .post(&url)
                     .header("authorization", format!("Bearer {TOKEN}"))
@@ -1525,23 +1570,80 @@ signing_key = {{ id = "bench", file = {signing_key:?} }}
                     .await
                     .unwrap();
                 assert!(text.contains("\"result\""), "{text}");
-            }
+            })
         }
-    };
+    }
+
+    fn pid(&self) -> String {
+        self.child.0.id().to_string()
+    }
+
+    /// The gateway process's CPU time so far (user + system), from `/proc`.
+    fn cpu(&self) -> Duration {
+        let stat =
+            std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap_or_default();
+        // Fields after the command's closing parenthesis; utime and stime are the 12th and
+        // 13th of those, in clock ticks (100 per second on Linux).
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .map_or(vec![], |(_, rest)| rest.split_whitespace().collect());
+        let ticks: u64 = [11, 12]
+            .iter()
+            .filter_map(|&i| fields.get(i)?.parse::<u64>().ok())
+            .sum();
+        Duration::from_millis(ticks * 10)
+    }
+
+    fn open_fds(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid())).map_or(0, Iterator::count)
+    }
+
+    fn store_mib(&self) -> Option<f64> {
+        let file = self.store_file.as_ref()?;
+        Some(std::fs::metadata(file).ok()?.len() as f64 / (1 << 20) as f64)
+    }
+}
+
+/// As a deployment runs: the vendor (Node), the gateway (`obol serve`, embedded store and
+/// Redis) and this client in separate processes on loopback. The same Stripe-shaped read,
+/// direct and through Obol, interleaved within each run; medians of 3 runs.
+async fn outside(redis: &Redis) {
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(64)
+        .build()
+        .unwrap();
+    let rig = Rig::start(redis, &http).await;
     println!(
         "\noutside: vendor (Node), gateway (obol serve) and client in separate processes; stripe.charges.list; interleaved; median of 3 runs"
     );
+    for gateway in &rig.gateways {
+        println!(
+            "  {} gateway idle (one connector, after initialize): RSS {:.1} MiB, {} open fds",
+            gateway.name,
+            rss_mib_of(&gateway.pid()),
+            gateway.open_fds()
+        );
+    }
     println!(
-        "  {:<26} {:>10} {:>10} {:>12} {:>14}",
-        "", "p50", "p99", "calls/s", "vs direct"
+        "  {:<26} {:>10} {:>10} {:>12} {:>14} {:>16}",
+        "", "p50", "p99", "calls/s", "vs direct", "gateway CPU/call"
     );
+    let direct = rig.direct(&http);
     for concurrency in [1usize, 32] {
         let mut runs: Vec<Vec<Figures>> = vec![Vec::new(), Vec::new(), Vec::new()];
+        let mut cpu: Vec<Vec<Duration>> = vec![Vec::new(), Vec::new()];
         for _ in 0..3 {
             runs[0].push(load(concurrency, direct.clone()).await);
-            for (i, ((_, _, url), session)) in gateways.iter().zip(&sessions).enumerate() {
-                runs[i + 1].push(load(concurrency, through(url.clone(), session.clone())).await);
+            for (i, gateway) in rig.gateways.iter().enumerate() {
+                let before = gateway.cpu();
+                let figures = load(concurrency, gateway.call(&http)).await;
+                let calls = WARM_UP as f64 + figures.rate * RUN_FOR.as_secs_f64();
+                cpu[i].push((gateway.cpu() - before).div_f64(calls));
+                runs[i + 1].push(figures);
             }
+        }
+        for samples in &mut cpu {
+            samples.sort();
         }
         let median = |figures: &mut Vec<Figures>| {
             figures.sort_by_key(|f| f.p50);
@@ -1562,26 +1664,117 @@ signing_key = {{ id = "bench", file = {signing_key:?} }}
             .zip(runs.iter_mut())
         {
             let f = median(figures);
-            let versus = if *label == "direct" {
-                String::new()
-            } else {
-                format!(
-                    "+{} / {:.0} %",
-                    us(f.p50.saturating_sub(direct_figures.p50)),
-                    100.0 * f.rate / direct_figures.rate
-                )
+            let (versus, cpu) = match label.strip_prefix("Obol, ") {
+                None => (String::new(), String::new()),
+                Some(store) => (
+                    format!(
+                        "+{} / {:.0} %",
+                        us(f.p50.saturating_sub(direct_figures.p50)),
+                        100.0 * f.rate / direct_figures.rate
+                    ),
+                    us(cpu[usize::from(store.starts_with("Redis"))][1]),
+                ),
             };
             println!(
-                "  {:<26} {:>10} {:>10} {:>12.0} {:>14}",
+                "  {:<26} {:>10} {:>10} {:>12.0} {:>14} {:>16}",
                 format!("{label} c={concurrency}"),
                 us(f.p50),
                 us(f.p99),
                 f.rate,
-                versus
+                versus,
+                cpu
             );
         }
+    }
+    for gateway in &rig.gateways {
+        println!(
+            "  {} gateway after the runs: RSS {:.1} MiB, {} open fds",
+            gateway.name,
+            rss_mib_of(&gateway.pid()),
+            gateway.open_fds()
+        );
     }
     println!(
         "  targets (issue 14): c=1 added p50 <= 0.35 ms embedded, <= 0.45 ms Redis; c=32 >= 6,000 calls/s and >= 50 % of direct"
     );
+}
+
+/// `OBOL_BENCH=soak`: the outside rig's embedded gateway under steady load
+/// (`OBOL_SOAK_CONCURRENCY`, default 16) for `OBOL_SOAK_MINUTES` (default 10). Every minute:
+/// calls, latency, the gateway's RSS and open fds, and the store file's size.
+async fn soak(redis: &Redis) {
+    let number = |name: &str, default: u64| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let minutes = number("OBOL_SOAK_MINUTES", 10);
+    let concurrency = number("OBOL_SOAK_CONCURRENCY", 16) as usize;
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(64)
+        .build()
+        .unwrap();
+    let rig = Rig::start(redis, &http).await;
+    let gateway = &rig.gateways[0];
+    println!(
+        "\nsoak: {} gateway (obol serve), c={concurrency}, {minutes} min of stripe.charges.list",
+        gateway.name
+    );
+    println!(
+        "  idle: RSS {:.1} MiB, {} open fds, store {:.1} MiB",
+        rss_mib_of(&gateway.pid()),
+        gateway.open_fds(),
+        gateway.store_mib().unwrap_or(0.0)
+    );
+    println!(
+        "  {:>6} {:>10} {:>9} {:>9} {:>9} {:>9} {:>6} {:>11}",
+        "minute", "calls", "calls/s", "p50", "p99", "RSS MiB", "fds", "store MiB"
+    );
+    let samples = Arc::new(Mutex::new(Vec::<Duration>::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers: Vec<_> = (0..concurrency)
+        .map(|_| {
+            let (call, samples, stop) = (gateway.call(&http), samples.clone(), stop.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let started = Instant::now();
+                    call().await;
+                    samples.lock().unwrap().push(started.elapsed());
+                }
+            })
+        })
+        .collect();
+    let mut total = 0usize;
+    let mut rows = Vec::new();
+    for minute in 1..=minutes {
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        let mut taken = std::mem::take(&mut *samples.lock().unwrap());
+        total += taken.len();
+        let (p50, p99) = percentiles(&mut taken);
+        let (rss, fds) = (rss_mib_of(&gateway.pid()), gateway.open_fds());
+        println!(
+            "  {minute:>6} {total:>10} {:>9.0} {:>9} {:>9} {rss:>9.1} {fds:>6} {:>11.1}",
+            taken.len() as f64 / 60.0,
+            us(p50),
+            us(p99),
+            gateway.store_mib().unwrap_or(0.0)
+        );
+        rows.push((total, rss, fds, gateway.store_mib().unwrap_or(0.0)));
+    }
+    stop.store(true, Ordering::Relaxed);
+    for worker in workers {
+        worker.await.unwrap();
+    }
+    if let (Some(first), Some(last)) = (rows.first(), rows.last()) {
+        println!(
+            "  RSS minute 1 -> {minutes}: {:.1} -> {:.1} MiB ({:+.1} %); fds {} -> {}; store grows {:.0} bytes per call (retention compacts records older than its window, 25 h at least)",
+            first.1,
+            last.1,
+            100.0 * (last.1 - first.1) / first.1,
+            first.2,
+            last.2,
+            (last.3 - first.3) * (1 << 20) as f64 / (last.0 - first.0).max(1) as f64
+        );
+    }
 }

@@ -7,20 +7,24 @@
 //! Each call runs in a fresh `Store` instantiated from a pre-linked [`InstancePre`]: no state
 //! survives between calls, a memory cap bounds every instance, and an epoch deadline stops a
 //! guest that does not return.
+//!
+//! Guest calls run inline on the calling task (ADR-0049): no thread hand-off per call. A guest
+//! yields to the executor at every epoch tick, so one that spins shares its worker with the
+//! gateway's other calls until its deadline instead of taking the worker.
 
 mod cache;
 mod legacy;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 use tokio::sync::Semaphore;
 use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{
     Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, ResourceLimiter, Store,
-    Trap,
+    Trap, UpdateDeadline,
 };
 
 use crate::config::RuntimeConfig;
@@ -33,6 +37,9 @@ pub mod wit {
     wasmtime::component::bindgen!({
         path: "../wit/since_v0.2.0",
         world: "connector",
+        // Inline on the caller's task, yielding at every epoch tick (ADR-0049). `manifest`
+        // stays synchronous: it runs once, at load, off any request.
+        exports: { "prepare": async, "interpret": async },
     });
     pub use self::obol::connector::types::{
         BodyRule, BrokerKind, Content, EffectSpec, Header, Image, Method, OutcomeClass,
@@ -68,8 +75,9 @@ enum Instance {
     V0_1(legacy::Connector),
 }
 
-/// How often the epoch advances. Deadlines are rounded up to this granularity.
-const EPOCH_TICK: Duration = Duration::from_millis(5);
+/// How often the epoch advances: deadlines are rounded up to it, and a guest that runs longer
+/// than one tick yields its worker to other tasks at each.
+const EPOCH_TICK: Duration = Duration::from_millis(2);
 /// Guest log lines are truncated to this length and limited in number per call, so a
 /// component cannot flood the operator's logs.
 const MAX_LOG_LINE: usize = 1024;
@@ -201,7 +209,7 @@ pub struct Runtime {
     linker: Linker<GuestState>,
     cache: Option<CompileCache>,
     limits: RuntimeConfig,
-    slots: Arc<Semaphore>,
+    slots: Semaphore,
     _ticker: EpochTicker,
 }
 
@@ -223,6 +231,8 @@ impl Runtime {
             .total_core_instances(instances * 4)
             .total_memories(instances * 2)
             .total_tables(instances * 4)
+            // A guest call runs on a fiber whose stack comes from the pool.
+            .total_stacks(instances)
             .max_memory_size(limits.memory_limit_bytes);
         let mut config = Config::new();
         // Each pooled memory slot reserves `memory_reservation` of address space (4 GiB by
@@ -251,7 +261,7 @@ impl Runtime {
             engine,
             linker,
             cache,
-            slots: Arc::new(Semaphore::new(instances as usize)),
+            slots: Semaphore::new(instances as usize),
             limits,
         })
     }
@@ -300,101 +310,101 @@ impl Runtime {
         Ok((guest, manifest))
     }
 
-    /// Runs `prepare` on a blocking thread.
+    /// Runs `prepare` inline on the caller's task.
     pub async fn prepare(
-        self: &Arc<Self>,
-        guest: &Arc<Guest>,
+        &self,
+        guest: &Guest,
         connector: &str,
         tool: &str,
         arguments: String,
         facts: wit::ConnectionFacts,
     ) -> Result<Result<wit::OutboundRequest, wit::PrepareError>, GuestFailure> {
-        let tool = tool.to_owned();
-        self.call(guest, connector, move |instance, store| match instance {
-            Instance::Current(c) => c.call_prepare(store, &tool, &arguments, &facts),
+        let _slot = self.slot().await?;
+        let (mut store, instance) = self.instantiate(guest, connector).await?;
+        let outcome = match instance {
+            Instance::Current(c) => c.call_prepare(&mut store, tool, &arguments, &facts).await,
             Instance::V0_1(c) => c
-                .call_prepare(store, &tool, &arguments, &legacy::facts(&facts))
+                .call_prepare(&mut store, tool, &arguments, &legacy::facts(&facts))
+                .await
                 .map(legacy::prepared),
-        })
-        .await
+        };
+        outcome.map_err(|error| self.classify_failure(&store, &error))
     }
 
-    /// Runs `interpret` on a blocking thread.
+    /// Runs `interpret` inline on the caller's task.
     pub async fn interpret(
-        self: &Arc<Self>,
-        guest: &Arc<Guest>,
+        &self,
+        guest: &Guest,
         connector: &str,
         tool: &str,
         response: wit::VendorResponse,
     ) -> Result<Result<wit::ToolOutput, wit::InterpretError>, GuestFailure> {
-        let tool = tool.to_owned();
-        self.call(guest, connector, move |instance, store| match instance {
-            Instance::Current(c) => c.call_interpret(store, &tool, &response),
+        let _slot = self.slot().await?;
+        let (mut store, instance) = self.instantiate(guest, connector).await?;
+        let outcome = match instance {
+            Instance::Current(c) => c.call_interpret(&mut store, tool, &response).await,
             Instance::V0_1(c) => c
-                .call_interpret(store, &tool, &legacy::response(&response))
+                .call_interpret(&mut store, tool, &legacy::response(&response))
+                .await
                 .map(legacy::output),
-        })
-        .await
+        };
+        outcome.map_err(|error| self.classify_failure(&store, &error))
     }
 
-    async fn call<R, F>(
-        self: &Arc<Self>,
-        guest: &Arc<Guest>,
+    /// Waits for one of the pool's instance slots, at most one deadline: every holder frees
+    /// its slot within that, so a longer wait means the gateway is overloaded, and the caller
+    /// gets a retryable answer instead of queueing without bound behind guests spinning to
+    /// their deadline.
+    async fn slot(&self) -> Result<tokio::sync::SemaphorePermit<'_>, GuestFailure> {
+        if let Ok(permit) = self.slots.try_acquire() {
+            return Ok(permit);
+        }
+        tokio::time::timeout(self.limits.call_deadline, self.slots.acquire())
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .ok_or(GuestFailure::Busy(self.limits.max_concurrent_calls))
+    }
+
+    /// A fresh store and instance for one call. The deadline counts from here; at every epoch
+    /// tick before it the guest yields to the executor, at the first tick past it the guest
+    /// traps.
+    async fn instantiate(
+        &self,
+        guest: &Guest,
         connector: &str,
-        body: F,
-    ) -> Result<R, GuestFailure>
-    where
-        R: Send + 'static,
-        F: FnOnce(Instance, &mut Store<GuestState>) -> wasmtime::Result<R> + Send + 'static,
-    {
-        // Wait for a slot at most one deadline: every holder frees its slot within that, so a
-        // longer wait means the gateway is overloaded, and the caller gets a retryable answer
-        // instead of queueing without bound behind guests spinning to their deadline.
-        let permit = tokio::time::timeout(
-            self.limits.call_deadline,
-            self.slots.clone().acquire_owned(),
-        )
-        .await
-        .ok()
-        .and_then(Result::ok)
-        .ok_or(GuestFailure::Busy(self.limits.max_concurrent_calls))?;
-        let runtime = Arc::clone(self);
-        let guest = Arc::clone(guest);
-        let connector: Arc<str> = connector.into();
-        // Guest code is CPU-bound and may run to its deadline; keep it off the async workers.
-        tokio::task::spawn_blocking(move || {
-            let _permit = permit;
-            runtime.call_blocking_in(&guest, connector, body)
-        })
-        .await
-        .map_err(|e| GuestFailure::Trap(format!("guest thread failed: {e}")))?
+    ) -> Result<(Store<GuestState>, Instance), GuestFailure> {
+        let mut store = self.store(connector.into());
+        let deadline = Instant::now() + self.limits.call_deadline;
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(move |_| {
+            Ok(if Instant::now() >= deadline {
+                UpdateDeadline::Interrupt
+            } else {
+                UpdateDeadline::Yield(1)
+            })
+        });
+        let instance = match &guest.pre {
+            Pre::Current(pre) => pre
+                .instantiate_async(&mut store)
+                .await
+                .map(Instance::Current),
+            Pre::V0_1(pre) => pre.instantiate_async(&mut store).await.map(Instance::V0_1),
+        };
+        match instance {
+            Ok(instance) => Ok((store, instance)),
+            Err(error) => Err(self.classify_failure(&store, &error)),
+        }
     }
 
+    /// Runs `body` synchronously on this thread (loading only: no request waits on it).
     fn call_blocking<R>(
         &self,
         guest: &Guest,
         connector: &str,
         body: impl FnOnce(Instance, &mut Store<GuestState>) -> wasmtime::Result<R>,
     ) -> Result<R, GuestFailure> {
-        self.call_blocking_in(guest, connector.into(), body)
-    }
-
-    fn call_blocking_in<R>(
-        &self,
-        guest: &Guest,
-        connector: Arc<str>,
-        body: impl FnOnce(Instance, &mut Store<GuestState>) -> wasmtime::Result<R>,
-    ) -> Result<R, GuestFailure> {
-        let state = GuestState {
-            limits: MemoryLimit {
-                max_bytes: self.limits.memory_limit_bytes,
-                refused: AtomicBool::new(false),
-            },
-            connector,
-            log_lines: 0,
-        };
-        let mut store = Store::new(&self.engine, state);
-        store.limiter(|state| &mut state.limits);
+        let mut store = self.store(connector.into());
         let ticks = self
             .limits
             .call_deadline
@@ -408,6 +418,21 @@ impl Runtime {
         }
         .and_then(|instance| body(instance, &mut store));
         outcome.map_err(|error| self.classify_failure(&store, &error))
+    }
+
+    /// A store with the per-call memory cap.
+    fn store(&self, connector: Arc<str>) -> Store<GuestState> {
+        let state = GuestState {
+            limits: MemoryLimit {
+                max_bytes: self.limits.memory_limit_bytes,
+                refused: AtomicBool::new(false),
+            },
+            connector,
+            log_lines: 0,
+        };
+        let mut store = Store::new(&self.engine, state);
+        store.limiter(|state| &mut state.limits);
+        store
     }
 
     fn classify_failure(&self, store: &Store<GuestState>, error: &wasmtime::Error) -> GuestFailure {

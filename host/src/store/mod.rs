@@ -12,6 +12,7 @@
 mod claim;
 pub mod contract;
 mod embedded;
+mod journal;
 pub mod layout;
 mod redis;
 #[cfg(feature = "test-util")]
@@ -274,7 +275,7 @@ impl Registry {
 pub const DEFAULT_RETENTION: std::time::Duration = std::time::Duration::from_secs(72 * 3600);
 
 /// How a registry write treats a record that already exists.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum RegistryWrite {
     /// Publications are immutable: a second write under a name changes nothing.
     InsertOnly,
