@@ -72,7 +72,19 @@ pub fn generate(universe: Universe<'_>, count: usize) -> Vec<Case> {
 }
 
 fn condition(g: &mut Gen, universe: Universe<'_>) -> String {
-    match g.next_u64() % 5 {
+    match g.next_u64() % 7 {
+        // Names one tool: no two tools share a decision by their attributes alone then
+        // (the publication's verdict memo must stand aside).
+        5 => format!(
+            "resource == Obol::Tool::\"{}.{}\"",
+            g.pick(universe.connectors),
+            g.pick(universe.tools)
+        ),
+        6 => format!(
+            "resource in [Obol::Tool::\"{}.{}\"]",
+            g.pick(universe.connectors),
+            g.pick(universe.tools)
+        ),
         0 => "resource.destructive".into(),
         1 => format!("resource.connector == \"{}\"", g.pick(universe.connectors)),
         // Pinned to a connector the other way round, inside a conjunction: the slicing

@@ -78,7 +78,50 @@ pub struct Publication {
     /// forbid a tool of another connector, so leaving it out changes no decision and saves
     /// evaluating it (ADR-0005).
     slices: Mutex<HashMap<(String, usize), Arc<PolicySet>>>,
+    /// Whether any policy mentions a tool entity (`Obol::Tool::"…"`) or the publication has
+    /// templates. Otherwise Cedar cannot tell two tools apart by anything but the
+    /// attributes and parents in [`Signature`], so one decision serves every tool with the
+    /// same signature: a key's first listing over 1,000 tools evaluates a few dozen.
+    names_tools: bool,
+    verdicts: Mutex<HashMap<Signature, Verdict>>,
 }
+
+/// Everything a decision reads besides the tool's name: the key entity (name, environment,
+/// workspace), the tool entity's attributes and parent connection, and the question asked.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Signature {
+    key: String,
+    key_environment: &'static str,
+    workspace: String,
+    connector: String,
+    connection: String,
+    environment: &'static str,
+    destructive: bool,
+    route: &'static str,
+    propagation: &'static str,
+    question: ApprovalQuestion,
+}
+
+impl Signature {
+    fn of(key: &VirtualKey, route: &Route, question: ApprovalQuestion) -> Signature {
+        let effect = &route.tool().effect;
+        Signature {
+            key: key.name.clone(),
+            key_environment: key.environment.as_str(),
+            workspace: key.workspace.clone(),
+            connector: route.name.connector().to_owned(),
+            connection: route.connection.id.clone(),
+            environment: route.connection.environment.as_str(),
+            destructive: effect.destructive,
+            route: effect.route.label(),
+            propagation: effect.propagation.label(),
+            question,
+        }
+    }
+}
+
+/// Memoised decisions per publication, at most this many (then decided afresh each time).
+const MAX_VERDICTS: usize = 1 << 16;
 
 impl Publication {
     pub fn parse(number: u32, text: &str) -> Result<Publication, String> {
@@ -91,11 +134,19 @@ impl Publication {
                 .map(|p| (p.clone(), pinned_connector(p)))
                 .collect()
         });
+        let names_tools = sliceable.is_none()
+            || policies.policies().any(|policy| {
+                policy
+                    .to_json()
+                    .map_or(true, |json| json.to_string().contains("Obol::Tool"))
+            });
         Ok(Publication {
             number,
             policies,
             sliceable,
             slices: Mutex::default(),
+            names_tools,
+            verdicts: Mutex::default(),
         })
     }
 
@@ -193,7 +244,7 @@ pub enum ApprovalRule {
 /// Whether a decision also asks Cedar if a policy waives the human's approval
 /// (`call_without_approval`). Asked for a destructive production tool, which waits for a
 /// human unless a policy waives it (ADR-0006).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ApprovalQuestion {
     /// The tool needs approval unless waived: ask, and answer `Required` or `Waived`.
     Ask,
@@ -269,6 +320,17 @@ impl Policies {
         let Some(publication) = self.publication_for(key) else {
             return refused(None);
         };
+        let signature = (slicing == Slicing::Sliced && !publication.names_tools)
+            .then(|| Signature::of(key, route, question));
+        if let Some(signature) = &signature
+            && let Some(verdict) = publication
+                .verdicts
+                .lock()
+                .expect("verdicts")
+                .get(signature)
+        {
+            return verdict.clone();
+        }
         let Ok((entities, principal, resource)) = entities(key, route) else {
             return refused(Some(publication.number));
         };
@@ -329,12 +391,19 @@ impl Policies {
         } else {
             unwaived
         };
-        Verdict {
+        let verdict = Verdict {
             publication: Some(publication.number),
             allowed,
             policies,
             approval,
+        };
+        if let Some(signature) = signature {
+            let mut verdicts = publication.verdicts.lock().expect("verdicts");
+            if verdicts.len() < MAX_VERDICTS {
+                verdicts.insert(signature, verdict.clone());
+            }
         }
+        verdict
     }
 }
 

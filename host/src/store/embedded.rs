@@ -43,6 +43,10 @@ const EXPIRY: TableDefinition<&str, ()> = TableDefinition::new("expiry");
 /// transaction as that record's writes.
 const JOURNAL_STATE: TableDefinition<&str, u64> = TableDefinition::new("journal_state");
 
+/// The most of the file redb keeps in memory. Its default (1 GiB) let the gateway's RSS grow
+/// with the file: +115 MiB over 22,000 calls in the soak.
+const CACHE_BYTES: usize = 64 << 20;
+
 /// The most operations one group commit takes.
 const MAX_BATCH: usize = 256;
 /// The journal's size on disk; a checkpoint starts it over when it is half full.
@@ -158,7 +162,10 @@ impl EmbeddedStore {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(failed)?;
         }
-        let db = Database::create(path).map_err(|e| failed(format!("{}: {e}", path.display())))?;
+        let db = redb::Builder::new()
+            .set_cache_size(CACHE_BYTES)
+            .create(path)
+            .map_err(|e| failed(format!("{}: {e}", path.display())))?;
         // Create the tables once so readers never race their creation.
         let txn = db.begin_write().map_err(failed)?;
         txn.open_table(CLAIMS).map_err(failed)?;
