@@ -13,9 +13,6 @@ use obol::config::{Config, RuntimeConfig};
 use obol::policy::KeyHash;
 use obol::runtime::Runtime;
 
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 #[derive(Parser)]
 #[command(
     name = "obol",

@@ -1,8 +1,9 @@
 //! The embedded backend: one redb file, durable across restarts.
 //!
 //! Writes are group-committed by a leader: the writer that finds no commit under way applies
-//! every queued operation in one transaction and commits it with one fsync, on its own thread,
-//! then does the same for whatever queued meanwhile. Durability is never relaxed: a caller's
+//! every queued operation in one redb transaction, makes it durable with one fsync of the
+//! journal (`journal.rs`), on its own thread, then does the same for whatever queued
+//! meanwhile (a blocking-pool thread takes over after two rounds). Durability is never relaxed: a caller's
 //! write is acknowledged only after the fsync that covers it, but concurrent callers share
 //! that fsync instead of paying one each, and a lone write pays no thread hand-off
 //! (ADR-0049).
@@ -49,6 +50,9 @@ const CACHE_BYTES: usize = 64 << 20;
 
 /// The most operations one group commit takes.
 const MAX_BATCH: usize = 256;
+/// How many group commits a caller leads on its own thread before a blocking-pool thread
+/// takes over the rest of the queue.
+const INLINE_ROUNDS: usize = 2;
 /// The journal's size on disk; a checkpoint starts it over when it is half full.
 const JOURNAL_BYTES: u64 = 8 << 20;
 /// The longest the journal goes without a checkpoint while writes arrive: what a restart may
@@ -381,7 +385,7 @@ impl EmbeddedStore {
             !std::mem::replace(&mut queue.leading, true)
         };
         if lead {
-            self.inner.lead();
+            self.inner.lead(Some(INLINE_ROUNDS));
         }
         answer
             .await
@@ -758,10 +762,14 @@ impl Inner {
     }
 
     /// The leader's loop: batch, apply, journal once (one fsync), answer everyone in the
-    /// batch; again until the queue is empty, then step down.
-    fn lead(&self) {
+    /// batch; again until the queue is empty, then step down. A caller leads at most
+    /// [`INLINE_ROUNDS`] batches on its own thread: if writes keep arriving, a blocking-pool
+    /// thread takes over, so neither the caller nor its worker waits behind other calls'
+    /// writes for long.
+    fn lead(self: &Arc<Self>, rounds: Option<usize>) {
         let leadership = Leadership(self);
         let mut writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut done = 0;
         loop {
             let batch: Vec<Op> = {
                 let mut queue = self.lock();
@@ -770,9 +778,21 @@ impl Inner {
                     std::mem::forget(leadership);
                     return;
                 }
+                if rounds.is_some_and(|rounds| done >= rounds)
+                    && let Ok(runtime) = tokio::runtime::Handle::try_current()
+                {
+                    // Still leading: the blocking thread carries on where this one stops.
+                    drop(queue);
+                    drop(writer);
+                    std::mem::forget(leadership);
+                    let inner = Arc::clone(self);
+                    runtime.spawn_blocking(move || inner.lead(None));
+                    return;
+                }
                 let take = queue.ops.len().min(MAX_BATCH);
                 queue.ops.drain(..take).collect()
             };
+            done += 1;
             let results = self.commit(&mut writer, &batch);
             match results {
                 Ok(results) => {
@@ -780,16 +800,18 @@ impl Inner {
                         answer(op.reply, result);
                     }
                 }
-                // Nothing in the batch is durable, so nobody may act on it.
+                // Refused before anything was journaled, or journaled with its redb commit
+                // failed (then the store is broken and says so; see `commit`).
                 Err(error) => {
                     for op in batch {
                         answer(op.reply, Err(error.clone()));
                     }
                 }
             }
-            if writer.journal.wants_checkpoint()
-                || (writer.sequence > writer.checkpointed
-                    && writer.last_checkpoint.elapsed() >= CHECKPOINT_EVERY)
+            if writer.broken.is_none()
+                && (writer.journal.wants_checkpoint()
+                    || (writer.sequence > writer.checkpointed
+                        && writer.last_checkpoint.elapsed() >= CHECKPOINT_EVERY))
             {
                 if let Err(error) = checkpoint(&self.db, &mut writer) {
                     writer.broken = Some(error.to_string());
@@ -811,13 +833,18 @@ impl Inner {
                 "the store's journal failed ({why}); restart the gateway"
             )));
         }
+        let writes: Vec<&Write> = batch.iter().map(|op| &op.write).collect();
+        let payload = serde_json::to_vec(&writes).map_err(failed)?;
+        if !writer.journal.fits(payload.len()) {
+            // Make room first: a checkpoint starts the journal over.
+            checkpoint(&self.db, writer)?;
+            self.syncs.fetch_add(1, Ordering::Relaxed);
+        }
         let sequence = writer.sequence + 1;
         let mut txn = self.db.begin_write().map_err(failed)?;
         txn.set_durability(Durability::None).map_err(failed)?;
         let results = apply(&txn, batch.iter().map(|op| &op.write))?;
         mark_applied(&txn, sequence)?;
-        let writes: Vec<&Write> = batch.iter().map(|op| &op.write).collect();
-        let payload = serde_json::to_vec(&writes).map_err(failed)?;
         self.syncs.fetch_add(1, Ordering::Relaxed);
         if let Err(error) = writer.journal.append(sequence, &payload) {
             // The record may be on disk in part or whole: start a new generation so it is
@@ -830,10 +857,13 @@ impl Inner {
         }
         writer.sequence = sequence;
         if let Err(error) = txn.commit() {
-            // Journaled but not in redb: only a restart (which applies the journal) brings
-            // the two back together.
+            // Journaled but not in redb: the batch's outcome is unknown (a restart would
+            // apply it, a checkpoint would drop it), so the store stops taking writes and
+            // its callers fail closed.
             writer.broken = Some(error.to_string());
-            return Err(failed(error));
+            return Err(failed(format!(
+                "the store journaled a write but could not commit it ({error}); restart the gateway"
+            )));
         }
         Ok(results)
     }
@@ -868,6 +898,13 @@ fn checkpoint(db: &Database, writer: &mut Writer) -> Result<(), StoreError> {
 /// Opens the journal and applies again, in order, every record redb does not have (written
 /// before a crash since the last checkpoint), then checkpoints.
 fn recover(db: &Database, path: &Path, applied: u64) -> Result<Writer, StoreError> {
+    if applied > 0 && !path.exists() {
+        return Err(failed(format!(
+            "{} is missing, and the store has journaled writes: restore it with the store file \
+             it belongs to",
+            path.display()
+        )));
+    }
     let (journal, records) = Journal::open(path, JOURNAL_BYTES)
         .map_err(|e| failed(format!("{}: {e}", path.display())))?;
     let mut writer = Writer {
@@ -880,6 +917,14 @@ fn recover(db: &Database, path: &Path, applied: u64) -> Result<Writer, StoreErro
     for record in records {
         if record.sequence <= applied {
             continue;
+        }
+        if record.sequence != writer.sequence + 1 {
+            return Err(failed(format!(
+                "{}: record {} follows {} (the journal and the store file are not a pair)",
+                path.display(),
+                record.sequence,
+                writer.sequence
+            )));
         }
         let writes: Vec<Write> = serde_json::from_slice(&record.payload).map_err(|e| {
             failed(format!(
@@ -1208,6 +1253,26 @@ mod tests {
             again.claim(&keys[0], &record).await,
             Ok(Claim::Existing(_))
         ));
+    }
+
+    /// A store file whose journal went missing refuses to open rather than silently losing
+    /// what the journal held since the last checkpoint.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_store_without_its_journal_refuses_to_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.redb");
+        let store = EmbeddedStore::open(&path).unwrap();
+        let record: ClaimRecord = serde_json::from_value(serde_json::json!({
+            "version": 1, "pin": {"request_hash": "h", "binding": "none", "fingerprint": "f"},
+            "state": {"state": "claimed"}, "attempts": 0, "lease_until_ms": 0,
+            "receipt_id": "rcp_m", "key_supplied": true, "created_at_ms": 0
+        }))
+        .unwrap();
+        store.claim(&key("missing001"), &record).await.unwrap();
+        drop(store);
+        std::fs::remove_file(journal_path(&path)).unwrap();
+        let error = EmbeddedStore::open(&path).unwrap_err();
+        assert!(error.0.contains("is missing"), "{error:?}");
     }
 
     /// One stored record that does not decode fails the operations on it, and only those:

@@ -49,14 +49,19 @@ impl Journal {
             .open(path)?;
         let length = file.metadata()?.len();
         let mut header = [0u8; 24];
-        let generation = if length >= HEADER
-            && file.read_exact_at(&mut header, 0).is_ok()
-            && &header[..8] == MAGIC
+        file.read_exact_at(&mut header, 0).ok();
+        // Empty, or zero-filled but never begun (a crash while creating it): a fresh journal.
+        let generation = if length == 0 || header == [0u8; 24] {
+            0
+        } else if &header[..8] == MAGIC
             && crc32fast::hash(&header[8..16]).to_le_bytes() == header[16..20]
         {
             u64::from_le_bytes(header[8..16].try_into().expect("8 bytes"))
         } else {
-            0
+            // Not ours, or a header torn mid-write: starting over would drop what it holds.
+            return Err(std::io::Error::other(
+                "not an Obol journal, or its header is damaged",
+            ));
         };
         let capacity = capacity.max(length).max(HEADER * 2);
         if length < capacity {
@@ -155,6 +160,11 @@ impl Journal {
         Ok(())
     }
 
+    /// Whether a record of `payload` bytes fits after the last one.
+    pub fn fits(&self, payload: usize) -> bool {
+        self.end + (RECORD_HEAD + payload) as u64 <= self.capacity
+    }
+
     /// Whether the journal is past half full: time for a checkpoint.
     pub fn wants_checkpoint(&self) -> bool {
         self.end > self.capacity / 2
@@ -233,6 +243,18 @@ mod tests {
             records.iter().map(|r| r.sequence).collect::<Vec<_>>(),
             vec![3, 4]
         );
+    }
+
+    #[test]
+    fn a_damaged_header_is_refused_instead_of_started_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        let (mut journal, _) = Journal::open(&path, SIZE).unwrap();
+        journal.append(1, b"acknowledged").unwrap();
+        drop(journal);
+        let file = OpenOptions::new().write(true).open(&path).unwrap();
+        file.write_all_at(b"\xff", 9).unwrap();
+        assert!(Journal::open(&path, SIZE).is_err());
     }
 
     #[test]
