@@ -588,7 +588,7 @@ async fn a_cluster_sends_once_through_a_slot_migration() {
     let to = (cluster.owner(slot) + 1) % 3;
     let moving = tokio::task::spawn_blocking({
         let cluster = std::sync::Arc::clone(&cluster);
-        move || cluster.migrate_slot(slot, to, Duration::from_millis(150))
+        move || cluster.migrate_slot(slot, to, Duration::from_millis(50))
     });
     let during = storm(&urls, &k, 40).await;
     moving.await.unwrap();

@@ -598,7 +598,7 @@ impl RedisStore {
             if crate::failpoint::active("redis_resend") {
                 let _: RedisResult<Vec<Value>> = pipe.query_async(connection).await;
             }
-            let mut replies: Vec<Value> = pipe.query_async(connection).await?;
+            let mut replies: Vec<Value> = send_through_migration(pipe, connection).await?;
             if self.acknowledgement != Acknowledgement::Local {
                 let reply = replies.pop().unwrap_or(Value::Nil);
                 if sent.acknowledged.is_ok() {
@@ -1300,6 +1300,36 @@ const REQUIRED: [(&str, &str); 3] = [
 /// Refuses a server whose persistence or eviction settings would lose acknowledged claims,
 /// naming the setting (and, on a cluster, the first node found wrong). A server that hides
 /// `CONFIG` is refused too: Obol cannot tell.
+/// Sends one group's pipeline, again while its slot is being migrated. A key that has left a
+/// migrating slot (or not arrived in an importing one) is answered `ASK` or `TRYAGAIN`
+/// instead of being run, and the cluster client hands that back for a pipeline: only this
+/// group is resent, never a group before it, so a script that ran is never run twice (seen:
+/// `ASK` failing claims during a slot migration with 50 ms between keys).
+async fn send_through_migration(
+    pipe: &redis::Pipeline,
+    connection: &mut Connection,
+) -> RedisResult<Vec<Value>> {
+    const TRIES: u64 = 12;
+    let mut tries = 0;
+    loop {
+        match pipe.query_async(connection).await {
+            Err(error)
+                if tries < TRIES
+                    && matches!(
+                        error.kind(),
+                        redis::ErrorKind::Server(
+                            redis::ServerErrorKind::Ask | redis::ServerErrorKind::TryAgain
+                        )
+                    ) =>
+            {
+                tries += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(10 * tries)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
 async fn check_durability(connection: &mut Connection) -> Result<(), StoreError> {
     for (setting, wanted) in REQUIRED {
         let mut get = redis::cmd("CONFIG");
