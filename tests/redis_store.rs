@@ -590,10 +590,24 @@ async fn a_cluster_sends_once_through_a_slot_migration() {
         let cluster = std::sync::Arc::clone(&cluster);
         move || cluster.migrate_slot(slot, to, Duration::from_millis(50))
     });
-    let during = storm(&urls, &k, 40).await;
+    // A storm that panics shows both gateways' logs (the store error behind an answer).
+    let logs = |panic: tokio::task::JoinError| -> (usize, usize) {
+        panic!("{panic}\n{}\n{}", a.log(), b.log())
+    };
+    let during = tokio::spawn({
+        let (urls, k) = (urls.clone(), k.clone());
+        async move { storm(&urls, &k, 40).await }
+    })
+    .await
+    .unwrap_or_else(logs);
     moving.await.unwrap();
-    let before = before.await.unwrap();
-    let after = storm(&urls, &k, 20).await;
+    let before = before.await.unwrap_or_else(logs);
+    let after = tokio::spawn({
+        let (urls, k) = (urls.clone(), k.clone());
+        async move { storm(&urls, &k, 20).await }
+    })
+    .await
+    .unwrap_or_else(logs);
     assert_eq!(cluster.owner(slot), to, "the slot moved");
     assert_eq!(vendor.count("/v1/refunds"), 1, "{}\n{}", a.log(), b.log());
     assert_eq!(before.0 + before.1 + during.0 + during.1, 80);

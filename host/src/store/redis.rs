@@ -1297,39 +1297,48 @@ const REQUIRED: [(&str, &str); 3] = [
     ("maxmemory-policy", "noeviction"),
 ];
 
-/// Refuses a server whose persistence or eviction settings would lose acknowledged claims,
-/// naming the setting (and, on a cluster, the first node found wrong). A server that hides
-/// `CONFIG` is refused too: Obol cannot tell.
 /// Sends one group's pipeline, again while its slot is being migrated. A key that has left a
-/// migrating slot (or not arrived in an importing one) is answered `ASK` or `TRYAGAIN`
-/// instead of being run, and the cluster client hands that back for a pipeline: only this
-/// group is resent, never a group before it, so a script that ran is never run twice (seen:
-/// `ASK` failing claims during a slot migration with 50 ms between keys).
+/// migrating slot (or not arrived in an importing one) is answered `ASK` or `TRYAGAIN`, and
+/// the importing primary answers `MOVED` back to the old owner when the client's `ASKING`
+/// did not precede the pipeline on the shared connection (another request's command took
+/// it); none of these ran the command. The cluster client follows them a few times and then
+/// hands the last one back: only this group is resent, never a group before it, so a script
+/// that ran is never run twice. A migration lasts as long as its keys take to move, so the
+/// resends are bounded by time (`MIGRATION_WAIT`, 10 to 100 ms apart), not by a count (seen
+/// under load: a claim answered `MOVED` mid-migration failed as `store_unavailable`).
 async fn send_through_migration(
     pipe: &redis::Pipeline,
     connection: &mut Connection,
 ) -> RedisResult<Vec<Value>> {
-    const TRIES: u64 = 12;
-    let mut tries = 0;
+    let started = std::time::Instant::now();
+    let mut pause = std::time::Duration::from_millis(10);
     loop {
         match pipe.query_async(connection).await {
             Err(error)
-                if tries < TRIES
+                if started.elapsed() < MIGRATION_WAIT
                     && matches!(
                         error.kind(),
                         redis::ErrorKind::Server(
-                            redis::ServerErrorKind::Ask | redis::ServerErrorKind::TryAgain
+                            redis::ServerErrorKind::Ask
+                                | redis::ServerErrorKind::Moved
+                                | redis::ServerErrorKind::TryAgain
                         )
                     ) =>
             {
-                tries += 1;
-                tokio::time::sleep(std::time::Duration::from_millis(10 * tries)).await;
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(std::time::Duration::from_millis(100));
             }
             other => return other,
         }
     }
 }
 
+/// How long a write waits out a slot migration before it fails closed.
+const MIGRATION_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Refuses a server whose persistence or eviction settings would lose acknowledged claims,
+/// naming the setting (and, on a cluster, the first node found wrong). A server that hides
+/// `CONFIG` is refused too: Obol cannot tell.
 async fn check_durability(connection: &mut Connection) -> Result<(), StoreError> {
     for (setting, wanted) in REQUIRED {
         let mut get = redis::cmd("CONFIG");
