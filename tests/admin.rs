@@ -385,3 +385,103 @@ async fn revoking_a_key_ends_its_sessions_and_streams_at_once() {
     let after = raw.request(&token, &session, 2, "ping", json!({})).await;
     assert_eq!(after.status, 401, "{:?}", after.message());
 }
+
+/// Issue 15: `GET /metrics` behind the admin token counts requests by an allowlisted method,
+/// calls by connection, tool and outcome, attempts, replays, guest faults and phase times;
+/// nothing a client sent (a junk method, an unknown tool's name, keys, sessions, arguments)
+/// and no secret becomes part of it.
+#[tokio::test]
+async fn metrics_count_what_happened_and_carry_nothing_a_client_sent() {
+    let vendor = MockVendor::start().await;
+    vendor.on(
+        "/v1/refunds",
+        crate::support::Reply::json(
+            200,
+            json!({"id": "re_m", "object": "refund", "amount": 100, "charge": "ch_m", "status": "succeeded"}),
+        ),
+    );
+    let gateway = GatewayProcess::start(&admin_config(&vendor));
+    let http = reqwest::Client::new();
+    let scrape = |token: &'static str| {
+        let (http, url) = (http.clone(), format!("{}/metrics", base(&gateway)));
+        async move { http.get(url).bearer_auth(token).send().await.unwrap() }
+    };
+    for token in [TOKEN, "wrong"] {
+        assert_eq!(scrape(token).await.status(), 401);
+    }
+
+    let canary_key = "idt_canary_metrics_0001";
+    let client = McpClient::with_key(&gateway.url, TOKEN, canary_key).await;
+    let refund = json!({"charge": "ch_canary_argument", "amount": 100});
+    client
+        .call("stripe.create_refund", refund.clone())
+        .await
+        .unwrap();
+    client.call("stripe.create_refund", refund).await.unwrap(); // replayed
+    let plain = McpClient::connect(&gateway.url, TOKEN).await;
+    plain.call("stripe.charges.list", json!({})).await.unwrap();
+    assert!(plain.call("stripe.canary_tool", json!({})).await.is_err());
+    assert!(plain.call("hostile.spin", json!({})).await.is_err());
+    let raw = RawMcp::new(&gateway.url);
+    let (session, _) = raw.initialize(TOKEN, "2025-11-25").await;
+    let junk = raw
+        .request(TOKEN, &session, 7, "canary/method_sk_live", json!({}))
+        .await;
+    assert_eq!(junk.status, 200);
+
+    let scraped = scrape(ADMIN).await;
+    assert_eq!(scraped.status(), 200);
+    assert!(
+        scraped.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("application/openmetrics-text")
+    );
+    let text = scraped.text().await.unwrap();
+    let value = |series: &str| -> f64 {
+        text.lines()
+            .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in\n{text}"))
+    };
+    assert_eq!(value(r#"obol_requests_total{method="unknown"}"#), 1.0);
+    assert!(value(r#"obol_requests_total{method="tools/call"}"#) >= 5.0);
+    assert_eq!(
+        value(
+            r#"obol_tool_calls_total{connection="stripe-main",tool="stripe.create_refund",outcome="accepted"}"#
+        ),
+        2.0
+    );
+    assert_eq!(
+        value(r#"obol_tool_calls_total{connection="unknown",tool="unknown",outcome="error"}"#),
+        1.0
+    );
+    assert_eq!(
+        value(
+            r#"obol_tool_calls_total{connection="hostile-main",tool="hostile.spin",outcome="component_failed"}"#
+        ),
+        1.0
+    );
+    assert_eq!(value(r#"obol_claims_found_total{found="replayed"}"#), 1.0);
+    // The replay sent nothing: one refund and one listing reached the vendor.
+    assert_eq!(
+        value(r#"obol_attempts_total{connection="stripe-main"}"#),
+        2.0
+    );
+    assert_eq!(
+        value(r#"obol_guest_faults_total{connection="hostile-main",fault="deadline"}"#),
+        1.0
+    );
+    assert!(value(r#"obol_phase_seconds_count{phase="claim"}"#) >= 2.0);
+    assert!(value(r#"obol_phase_seconds_count{phase="finalize"}"#) >= 2.0);
+    for never in [
+        "canary",
+        canary_key,
+        &session,
+        TOKEN,
+        ADMIN,
+        crate::support::SECRET,
+        &vendor.base_url(),
+    ] {
+        assert!(!text.contains(never), "{never} in\n{text}");
+    }
+}

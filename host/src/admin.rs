@@ -233,7 +233,25 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
             "/v1/admin/workspaces/{id}/publications",
             get(list_publications).post(publish),
         )
+        .route("/metrics", get(metrics))
         .with_state(gateway)
+}
+
+/// `GET /metrics`: Prometheus, in the OpenMetrics text format (crate::metrics).
+async fn metrics(State(gateway): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
+    if let Err(refused) = authorize(&gateway, &headers) {
+        return *refused;
+    }
+    let services = &gateway.services;
+    let text = services.metrics.render(&services.upstreams.health_report());
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
 }
 
 /// The admin token, compared by hash. Refusals name no detail beyond the cause.

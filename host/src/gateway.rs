@@ -110,6 +110,7 @@ impl Gateway {
                 inbox_base: public_url.clone(),
                 refusals: Default::default(),
                 owned: Default::default(),
+                metrics: Default::default(),
             }),
             approvals: ApprovalDesk {
                 keyring: Arc::clone(&config.approvals.keyring),
@@ -370,6 +371,7 @@ impl Gateway {
             tracing::warn!("reload: {problem}");
         }
         let changed = next.fingerprint() != self.catalog().fingerprint();
+        self.services.metrics.reload(changed, problems.len());
         if changed {
             *self.catalog.write().expect("catalog lock") = Arc::new(next);
             tracing::info!("catalog changed; notifying sessions");

@@ -41,6 +41,7 @@ pub mod idempotency;
 pub mod invoke;
 pub mod listener;
 pub mod mcp;
+pub mod metrics;
 pub mod names;
 pub mod outbound;
 pub mod policy;

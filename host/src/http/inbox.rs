@@ -331,6 +331,10 @@ async fn decide(
     match store.decide_ticket(&id, decision, now_ms()).await {
         Ok(Decided::Now(ticket)) => {
             tracing::info!(approval = %ticket.id, tool = %ticket.tool, ?decision, "owner decided");
+            gateway.services.metrics.approval(match decision {
+                Decision::Approved => crate::metrics::ApprovalState::approved,
+                Decision::Denied => crate::metrics::ApprovalState::denied,
+            });
             // A denial ends the hold at once, with its receipt; an approval waits for the
             // agent to resume.
             if decision == Decision::Denied {

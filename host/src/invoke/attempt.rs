@@ -64,6 +64,7 @@ impl Reserved {
     /// Sends exactly one attempt.
     pub async fn send(self, services: &Services) -> Sent {
         let plan = &self.invocation.plan;
+        services.metrics.attempt(&plan.route().connection.id);
         let outcome = dispatch::send(services, plan).await;
         // Every attempt feeds its connection's breaker, which routes capabilities' new calls.
         if let Some(signal) = outcome.signal() {

@@ -117,6 +117,7 @@ impl Rendered {
                 Err(Answer::refused(ObolError::NotReady, Some(identity)))
             }
             Err(error) => {
+                services.metrics.store_error();
                 tracing::warn!(receipt = %record.receipt_id, "could not record the outcome, retrying in the background: {error}");
                 let pending = Pending {
                     key: plan.claim_key.clone(),

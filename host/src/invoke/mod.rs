@@ -49,6 +49,7 @@ use crate::approvals::ApprovalGrant;
 use crate::catalog::Catalog;
 use crate::error::ObolError;
 use crate::idempotency::IdempotencyKey;
+use crate::metrics::Phase;
 use crate::outbound::Outbound;
 use crate::policy::VirtualKey;
 use crate::runtime::Runtime;
@@ -79,6 +80,7 @@ pub struct Services {
     /// Work no client can cancel: invocations from their claim on, and outcomes kept because
     /// their final write failed (ADR-0007). Shutdown waits for it.
     pub owned: owned::Owned,
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// A `tools/call` as the client sent it: the params object and the parsed headers.
@@ -129,10 +131,21 @@ pub async fn invoke(
     key: &VirtualKey,
     request: CallRequest,
 ) -> Answer {
+    // Read before the lifecycle takes the request; only a name the catalog routes becomes a
+    // metric label.
+    let name = request
+        .params
+        .get("name")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
     // Every phase either hands its value to the next or answers the call itself.
-    lifecycle(services, catalog, key, request)
+    let answer = lifecycle(services, catalog, key, request)
         .await
-        .unwrap_or_else(|answered| answered)
+        .unwrap_or_else(|answered| answered);
+    services
+        .metrics
+        .tool_call(catalog, &key.workspace, name.as_deref(), &answer.result);
+    answer
 }
 
 async fn lifecycle(
@@ -162,12 +175,40 @@ async fn lifecycle(
 }
 
 async fn from_the_claim(services: &Services, planned: Planned) -> Result<Answer, Answer> {
+    let timer = PhaseTimer::start(&services.metrics);
     let claimed = planned.claim(services).await?; // or: replay, conflict, not ready, held
+    let timer = timer.lap(Phase::claim);
     let reserved = claimed.reserve(services).await?;
     let sent = reserved.send(services).await;
     let classified = attempt::retry_once(services, sent.classify()).await;
     let observed = classified.observed(services).await?; // or: released, nothing was sent
     let rendered = observed.render(services).await;
+    let timer = timer.lap(Phase::dispatch);
     let finalized = rendered.finalize(services).await?; // or: not ready, kept and retried
+    timer.lap(Phase::finalize);
     Ok(finalized.respond())
+}
+
+/// Times consecutive phases of one call; a phase that ends the call early is not timed.
+struct PhaseTimer<'a> {
+    metrics: &'a crate::metrics::Metrics,
+    since: std::time::Instant,
+}
+
+impl<'a> PhaseTimer<'a> {
+    fn start(metrics: &'a crate::metrics::Metrics) -> PhaseTimer<'a> {
+        PhaseTimer {
+            metrics,
+            since: std::time::Instant::now(),
+        }
+    }
+
+    fn lap(self, phase: Phase) -> PhaseTimer<'a> {
+        let now = std::time::Instant::now();
+        self.metrics.phase(phase, now - self.since);
+        PhaseTimer {
+            metrics: self.metrics,
+            since: now,
+        }
+    }
 }

@@ -153,6 +153,9 @@ async fn post_admitted(
 
     let message: Value = json::parse(&body)?;
     let message = Message::parse(message)?;
+    if let Some(method) = message.method() {
+        gateway.services.metrics.request(method);
+    }
     if stateless::Era::of(headers, &message) == stateless::Era::Stateless {
         return Ok(serve_stateless(gateway, headers, &key, message, approval, &body).await);
     }

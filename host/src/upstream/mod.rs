@@ -141,6 +141,23 @@ impl Upstreams {
         Ok((upstreams, receiver))
     }
 
+    /// Every upstream the pool has met, as (workspace, connection, up), for the metrics.
+    pub fn health_report(&self) -> Vec<(Arc<str>, Arc<str>, bool)> {
+        let ids: Vec<UpstreamId> = self
+            .entries
+            .lock()
+            .expect("entries lock")
+            .keys()
+            .cloned()
+            .collect();
+        ids.into_iter()
+            .map(|id| {
+                let up = !self.health.is_down(&id);
+                (id.workspace.into(), id.connection.into(), up)
+            })
+            .collect()
+    }
+
     fn entry(&self, id: &UpstreamId) -> Arc<Entry> {
         Arc::clone(
             self.entries

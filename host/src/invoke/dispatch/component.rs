@@ -54,7 +54,7 @@ pub async fn prepare(
             facts,
         )
         .await
-        .map_err(guest_failed)?
+        .map_err(|failure| guest_failed(services, route, failure))?
         .map_err(|error| match error {
             wit::PrepareError::InvalidArguments(message) => ObolError::InvalidArguments(message),
             wit::PrepareError::UnknownTool => {
@@ -120,7 +120,7 @@ pub async fn render(
             },
         )
         .await
-        .map_err(guest_failed)?
+        .map_err(|failure| guest_failed(services, route, failure))?
         .map_err(|error| match error {
             wit::InterpretError::MalformedResponse(_) => {
                 // The message is derived from the vendor's response; it stays out of errors
@@ -146,7 +146,8 @@ fn connector(route: &Route) -> Result<&Arc<Connector>, ObolError> {
     }
 }
 
-fn guest_failed(failure: GuestFailure) -> ObolError {
+fn guest_failed(services: &Services, route: &Route, failure: GuestFailure) -> ObolError {
+    services.metrics.guest_fault(&route.connection.id, &failure);
     match failure {
         GuestFailure::Busy(_) => ObolError::Overloaded,
         other => ObolError::ComponentFailed(other.to_string()),
