@@ -371,7 +371,13 @@ impl Gateway {
             tracing::warn!("reload: {problem}");
         }
         let changed = next.fingerprint() != self.catalog().fingerprint();
-        self.services.metrics.reload(changed, problems.len());
+        self.services.metrics.reload(
+            match changed {
+                true => crate::metrics::Reload::changed,
+                false => crate::metrics::Reload::unchanged,
+            },
+            problems.len(),
+        );
         if changed {
             *self.catalog.write().expect("catalog lock") = Arc::new(next);
             tracing::info!("catalog changed; notifying sessions");

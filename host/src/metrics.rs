@@ -36,13 +36,11 @@ pub enum RpcMethod {
     ResourcesList,
     ResourcesRead,
     ResourcesTemplatesList,
-    NotificationsInitialized,
-    NotificationsCancelled,
     Unknown,
 }
 
 impl RpcMethod {
-    const ALL: [RpcMethod; 13] = [
+    const ALL: [RpcMethod; 11] = [
         RpcMethod::Initialize,
         RpcMethod::Ping,
         RpcMethod::ToolsList,
@@ -54,8 +52,6 @@ impl RpcMethod {
         RpcMethod::ResourcesList,
         RpcMethod::ResourcesRead,
         RpcMethod::ResourcesTemplatesList,
-        RpcMethod::NotificationsInitialized,
-        RpcMethod::NotificationsCancelled,
     ];
 
     /// The label of a method as the client spelled it.
@@ -79,8 +75,6 @@ impl RpcMethod {
             RpcMethod::ResourcesList => "resources/list",
             RpcMethod::ResourcesRead => "resources/read",
             RpcMethod::ResourcesTemplatesList => "resources/templates/list",
-            RpcMethod::NotificationsInitialized => "notifications/initialized",
-            RpcMethod::NotificationsCancelled => "notifications/cancelled",
             RpcMethod::Unknown => "unknown",
         }
     }
@@ -129,9 +123,10 @@ pub enum ApprovalState {
     denied,
 }
 
+/// Whether a reload of the connector directory changed the catalog.
 #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
 #[allow(non_camel_case_types)]
-enum Reload {
+pub enum Reload {
     changed,
     unchanged,
 }
@@ -216,19 +211,19 @@ impl Default for Metrics {
         let requests = registered(
             r,
             "requests",
-            "JSON-RPC requests and notifications by method (unrecognised methods: unknown)",
+            "JSON-RPC requests (not notifications) by method (unrecognised methods: unknown)",
             Family::default(),
         );
         let tool_calls = registered(
             r,
             "tool_calls",
-            "Answered tool calls by connection, tool and outcome",
+            "Tool calls that passed the transport, session and header checks, by connection, tool and outcome",
             Family::default(),
         );
         let attempts = registered(
             r,
             "attempts",
-            "Attempts sent to a vendor or upstream (each may have reached it)",
+            "Attempts that may have reached a vendor or upstream (not those provably unsent)",
             Family::default(),
         );
         let phases = registered(
@@ -240,7 +235,7 @@ impl Default for Metrics {
         let claims = registered(
             r,
             "claims_found",
-            "Calls whose claim found an existing slot: replayed, conflict, not_ready",
+            "Tool calls answered with a replay, idempotency_conflict or not_ready",
             Family::default(),
         );
         let approvals = registered(
@@ -264,19 +259,19 @@ impl Default for Metrics {
         let store_errors = registered(
             r,
             "store_errors",
-            "Tool-call writes and reads the state store failed",
+            "Tool calls answered store_unavailable, and outcomes left to record later",
             Counter::default(),
         );
         let reloads = registered(
             r,
             "catalog_reloads",
-            "Catalog rebuilds (hot reload, registry refresh) by whether anything changed",
+            "Reloads of the watched connector directory, by whether the catalog changed",
             Family::default(),
         );
         let load_failures = registered(
             r,
             "component_load_failures",
-            "Components refused while (re)loading; the version serving before stays",
+            "Problems met by each reload (a refused component, an unreadable directory); a component that stays broken counts on every reload",
             Counter::default(),
         );
         Metrics {
@@ -407,18 +402,15 @@ impl Metrics {
         self.store_errors.inc();
     }
 
-    pub fn reload(&self, changed: bool, refused_components: usize) {
-        let result = if changed {
-            Reload::changed
-        } else {
-            Reload::unchanged
-        };
+    pub fn reload(&self, result: Reload, problems: usize) {
         self.reloads.get_or_create(&ReloadLabels { result }).inc();
-        self.load_failures.inc_by(refused_components as u64);
+        self.load_failures.inc_by(problems as u64);
     }
 
     /// The text a scrape gets, with each upstream's health read now.
     pub fn render(&self, upstreams: &[(Arc<str>, Arc<str>, bool)]) -> String {
+        // A connection removed since the last scrape leaves no series behind.
+        self.upstream_up.clear();
         for (workspace, connection, up) in upstreams {
             self.upstream_up
                 .get_or_create(&UpstreamLabels {

@@ -64,8 +64,12 @@ impl Reserved {
     /// Sends exactly one attempt.
     pub async fn send(self, services: &Services) -> Sent {
         let plan = &self.invocation.plan;
-        services.metrics.attempt(&plan.route().connection.id);
         let outcome = dispatch::send(services, plan).await;
+        if !matches!(outcome, dispatch::Outcome::NotSent)
+            && !matches!(plan.request, dispatch::Request::Gateway(_))
+        {
+            services.metrics.attempt(&plan.route().connection.id);
+        }
         // Every attempt feeds its connection's breaker, which routes capabilities' new calls.
         if let Some(signal) = outcome.signal() {
             let connection = (

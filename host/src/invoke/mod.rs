@@ -80,6 +80,7 @@ pub struct Services {
     /// Work no client can cancel: invocations from their claim on, and outcomes kept because
     /// their final write failed (ADR-0007). Shutdown waits for it.
     pub owned: owned::Owned,
+    /// What `GET /metrics` reports; every phase counts into it.
     pub metrics: Arc<crate::metrics::Metrics>,
 }
 
@@ -176,20 +177,22 @@ async fn lifecycle(
 
 async fn from_the_claim(services: &Services, planned: Planned) -> Result<Answer, Answer> {
     let timer = PhaseTimer::start(&services.metrics);
-    let claimed = planned.claim(services).await?; // or: replay, conflict, not ready, held
+    let claimed = planned.claim(services).await; // or: replay, conflict, not ready, held
     let timer = timer.lap(Phase::claim);
-    let reserved = claimed.reserve(services).await?;
+    let reserved = claimed?.reserve(services).await?;
     let sent = reserved.send(services).await;
     let classified = attempt::retry_once(services, sent.classify()).await;
     let observed = classified.observed(services).await?; // or: released, nothing was sent
     let rendered = observed.render(services).await;
     let timer = timer.lap(Phase::dispatch);
-    let finalized = rendered.finalize(services).await?; // or: not ready, kept and retried
+    let finalized = rendered.finalize(services).await; // or: not ready, kept and retried
     timer.lap(Phase::finalize);
-    Ok(finalized.respond())
+    Ok(finalized?.respond())
 }
 
-/// Times consecutive phases of one call; a phase that ends the call early is not timed.
+/// Times consecutive phases of one call, a phase that fails included (a slow store that
+/// then fails is what an operator looks for); `dispatch` runs from the reservation to the
+/// rendered result and is not timed when the attempt was released unsent.
 struct PhaseTimer<'a> {
     metrics: &'a crate::metrics::Metrics,
     since: std::time::Instant,

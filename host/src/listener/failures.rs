@@ -47,7 +47,7 @@ impl Endpoint {
             Endpoint::Mcp
         } else if path.starts_with("/inbox") {
             Endpoint::Inbox
-        } else if path.starts_with("/v1/admin") {
+        } else if path.starts_with("/v1/admin") || path == "/metrics" {
             Endpoint::Admin
         } else {
             Endpoint::Rest
@@ -235,6 +235,8 @@ mod tests {
         assert_eq!(Endpoint::of("/mcp"), Endpoint::Mcp);
         assert_eq!(Endpoint::of("/inbox/login"), Endpoint::Inbox);
         assert_eq!(Endpoint::of("/v1/admin/keys"), Endpoint::Admin);
+        // Wrong admin tokens against /metrics share the admin API's budget.
+        assert_eq!(Endpoint::of("/metrics"), Endpoint::Admin);
         assert_eq!(Endpoint::of("/v1/receipts"), Endpoint::Rest);
     }
 }

@@ -204,10 +204,23 @@ impl wit::obol::connector::log::Host for GuestState {
 }
 
 /// Dirty bytes of a slot's linear memory kept resident between calls (zeroed in place): a
-/// Rust guest's stack top and small heap fit; RSS grows by at most this per pooled memory
-/// (`max_concurrent_calls` × 2), and only by the pages guests actually wrote.
+/// Rust guest's stack top and small heap fit. RSS grows by at most this per pooled memory
+/// (`max_concurrent_calls` × 2) and `KEEP_RESIDENT_TABLE` per pooled table (× 4), and only
+/// by pages guests actually wrote.
 const KEEP_RESIDENT_MEMORY: usize = 1 << 20;
+/// A component's tables are a few KiB; this covers them with room.
 const KEEP_RESIDENT_TABLE: usize = 64 << 10;
+
+/// Whether slots can be reset in place safely: PAGEMAP_SCAN (Linux 6.7+) finds the dirty
+/// pages, but a page swapped out is not "present" and would be neither zeroed nor released,
+/// so the next guest in that slot, of any connector, could read it back. In place only on a
+/// host without swap when the gateway starts (`/proc/swaps` lists none) and with the ioctl;
+/// otherwise every slot is decommitted with `madvise`, as wasmtime does by default.
+fn resets_in_place() -> bool {
+    let no_swap = std::fs::read_to_string("/proc/swaps")
+        .is_ok_and(|swaps| swaps.lines().skip(1).all(|line| line.trim().is_empty()));
+    no_swap && wasmtime::PoolingAllocationConfig::is_pagemap_scan_available()
+}
 
 /// The engine and everything shared by all components.
 pub struct Runtime {
@@ -239,16 +252,17 @@ impl Runtime {
             .total_tables(instances * 4)
             // A guest call runs on a fiber whose stack comes from the pool.
             .total_stacks(instances)
-            .max_memory_size(limits.memory_limit_bytes)
+            .max_memory_size(limits.memory_limit_bytes);
+        if resets_in_place() {
             // Resetting a slot with `madvise` flushed every core's TLB after each call (IPIs
-            // were 13 % of the gateway's CPU at c=32). With PAGEMAP_SCAN (Linux 6.7+) only the
-            // pages a guest dirtied are zeroed with memset, and no system call runs when
+            // were 13 % of the gateway's CPU at c=32). With PAGEMAP_SCAN only the pages a
+            // guest dirtied are zeroed with memset (one ioctl, no page-table change) while
             // they are under these sizes; a larger working set (a memory bomb) is zeroed up
-            // to the size and decommitted beyond it, as before. Older kernels zero the low
-            // bytes and decommit the rest.
-            .pagemap_scan(wasmtime::Enabled::Auto)
-            .linear_memory_keep_resident(KEEP_RESIDENT_MEMORY)
-            .table_keep_resident(KEEP_RESIDENT_TABLE);
+            // to the size and decommitted beyond it.
+            pool.pagemap_scan(wasmtime::Enabled::Yes)
+                .linear_memory_keep_resident(KEEP_RESIDENT_MEMORY)
+                .table_keep_resident(KEEP_RESIDENT_TABLE);
+        }
         let mut config = Config::new();
         // Each pooled memory slot reserves `memory_reservation` of address space (4 GiB by
         // default, times every slot); the memory cap is the most a guest may ever use.
