@@ -13,7 +13,9 @@ const TARGET: &str = "wasm32-wasip2";
 /// (package, features, exported name, artifact file stem)
 const GUESTS: &[(&str, &str, &str)] = &[
     ("obol-connector-payments", "", "PAYMENTS"),
+    ("obol-connector-payments", "next", "PAYMENTS_NEXT"),
     ("obol-connector-tracker", "", "TRACKER"),
+    ("obol-connector-tracker", "next", "TRACKER_NEXT"),
     ("obol-connector-hostile", "", "HOSTILE"),
     ("obol-connector-nango", "", "NANGO"),
     ("obol-connector-composio", "", "COMPOSIO"),

@@ -467,8 +467,9 @@ async fn a_store_of_the_old_key_layout_is_refused_until_drained_and_migrated() {
         Pin::new(
             obol::idempotency::RequestHash::of_arguments(&payment()),
             PinnedBinding::Header("idempotency-key".into()),
-            "stripe-main stripe@0.1.0 POST https://api.stripe.com /v1/refunds".into(),
-        ),
+            "stripe-main stripe POST https://api.stripe.com /v1/refunds".into(),
+        )
+        .prepared_by("0.1.0"),
         Holder {
             workspace: "acme".into(),
             connection: "stripe-main".into(),

@@ -17,6 +17,8 @@
 //! - `stateless`: MCP 2026-07-28 without sessions: `server/discover`, the revision's header
 //!   checks and codes, caching hints, `subscriptions/listen`, rmcp in discover mode.
 //! - `conformance`: the official `@modelcontextprotocol/conformance` suite against a gateway.
+//! - `hotload`: components added, replaced and removed on a running gateway (the watched
+//!   directory, the admin API, `obol connectors`), a retry across versions, 100 swaps under load.
 //! - `upstreams`: remote MCP servers (`kind = "mcp"`): a misbehaving mock and the official
 //!   reference server, through the same lifecycle.
 
@@ -28,6 +30,7 @@ mod brokers;
 mod capabilities;
 mod conformance;
 mod hostile;
+mod hotload;
 mod idempotency;
 mod lifecycle;
 mod policy;

@@ -310,6 +310,7 @@ async fn store_alone(redis: &Redis) {
                 connection: "stripe".into(),
                 request_hash: record.pin.request_hash.clone(),
                 fingerprint: "fp".into(),
+                connector_version: None,
                 attempt_count: 1,
                 outcome: OutcomeClass::Accepted,
                 vendor_status: Some(200),

@@ -234,7 +234,78 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
             get(list_publications).post(publish),
         )
         .route("/metrics", get(metrics))
+        .route(
+            "/v1/admin/connectors",
+            get(list_connectors).post(add_connector),
+        )
+        .route(
+            "/v1/admin/connectors/{name}",
+            axum::routing::put(replace_connector).delete(remove_connector),
+        )
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_COMPONENT_BYTES))
         .with_state(gateway)
+}
+
+/// The largest component the admin API accepts (the bundled ones are a few hundred KiB).
+const MAX_COMPONENT_BYTES: usize = 32 << 20;
+
+async fn list_connectors(State(gateway): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
+    if let Err(refused) = authorize(&gateway, &headers) {
+        return *refused;
+    }
+    axum::Json(json!({ "connectors": crate::hotload::list(&gateway) })).into_response()
+}
+
+/// `POST /v1/admin/connectors`, the component's bytes as the body: a connector not served yet.
+async fn add_connector(
+    State(gateway): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    if let Err(refused) = authorize(&gateway, &headers) {
+        return *refused;
+    }
+    installed(
+        crate::hotload::install(&gateway, crate::hotload::Upload::Add, None, body.to_vec()).await,
+    )
+}
+
+/// `PUT /v1/admin/connectors/{name}`: a new version of a hot-loaded connector.
+async fn replace_connector(
+    State(gateway): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    body: axum::body::Bytes,
+) -> Response {
+    if let Err(refused) = authorize(&gateway, &headers) {
+        return *refused;
+    }
+    let Ok(name) = crate::catalog::ConnectorName::parse(&name) else {
+        return ObolError::NotFound("connector").to_rest_response();
+    };
+    let upload = crate::hotload::Upload::Replace;
+    installed(crate::hotload::install(&gateway, upload, Some(name), body.to_vec()).await)
+}
+
+async fn remove_connector(
+    State(gateway): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Response {
+    if let Err(refused) = authorize(&gateway, &headers) {
+        return *refused;
+    }
+    let Ok(name) = crate::catalog::ConnectorName::parse(&name) else {
+        return ObolError::NotFound("connector").to_rest_response();
+    };
+    installed(crate::hotload::remove(&gateway, &name).await)
+}
+
+fn installed(result: Result<crate::hotload::Installed, ObolError>) -> Response {
+    match result {
+        Ok(installed) => axum::Json(installed).into_response(),
+        Err(error) => error.to_rest_response(),
+    }
 }
 
 /// `GET /metrics`: Prometheus, in the OpenMetrics text format (crate::metrics).
@@ -243,7 +314,10 @@ async fn metrics(State(gateway): State<Arc<Gateway>>, headers: HeaderMap) -> Res
         return *refused;
     }
     let services = &gateway.services;
-    let text = services.metrics.render(&services.upstreams.health_report());
+    let text = services.metrics.render(
+        &services.upstreams.health_report(),
+        services.runtime.components_in_memory(),
+    );
     (
         [(
             header::CONTENT_TYPE,

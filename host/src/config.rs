@@ -83,6 +83,8 @@ pub struct StoreConfig {
     /// the gateway waits for them before it fails the call closed.
     pub redis_replicas: u32,
     pub redis_replica_timeout: Duration,
+    /// Embedded only: the most of the file kept in memory.
+    pub cache_bytes: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -463,6 +465,7 @@ struct StoreFile {
     #[serde(default)]
     redis_replicas: u32,
     redis_replica_timeout_ms: Option<u64>,
+    cache_mib: Option<usize>,
 }
 
 #[derive(Deserialize)]
@@ -1385,6 +1388,11 @@ impl Config {
                 redis_replica_timeout: Duration::from_millis(
                     file.store.redis_replica_timeout_ms.unwrap_or(500),
                 ),
+                cache_bytes: match file.store.cache_mib {
+                    None => crate::store::DEFAULT_CACHE_BYTES,
+                    Some(0) => return Err(invalid("[store] cache_mib must be at least 1".into())),
+                    Some(mib) => mib << 20,
+                },
             },
         };
         config.check_credentials()?;

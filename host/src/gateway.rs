@@ -34,7 +34,7 @@ pub struct Gateway {
     pub services: Arc<Services>,
     pub approvals: ApprovalDesk,
     catalog: RwLock<Arc<Catalog>>,
-    loader: Loader,
+    pub(crate) loader: Loader,
     /// The config's workspaces, with the registry's publications added.
     workspaces: RwLock<Arc<Vec<WorkspaceConfig>>>,
     /// What the config file says, before the registry adds to it.
@@ -55,8 +55,6 @@ pub struct Gateway {
     frozen: HashSet<String>,
     /// Open `subscriptions/listen` streams (MCP 2026-07-28), per key.
     pub listens: crate::mcp::listens::Listens,
-    /// Whether hot reload watches a connector directory, and how often.
-    reload_interval: Option<std::time::Duration>,
     /// This gateway as it registers itself in the store (`store::layout`).
     pub registration: crate::store::layout::Registration,
     /// Whether the store's key layout lets this gateway admit traffic (re-checked on every
@@ -151,7 +149,6 @@ impl Gateway {
             environment: config.environment,
             registration: crate::store::layout::Registration::this_gateway(),
             listens: Default::default(),
-            reload_interval: config.reload_interval,
             layout: std::sync::atomic::AtomicBool::new(false),
             signals: std::sync::Mutex::new(Some(signals)),
             frozen: config
@@ -244,17 +241,17 @@ impl Gateway {
     }
 
     /// How long a key's tool list may be reused (`ttlMs`, MCP 2026-07-28): no longer than the
-    /// catalog can go without changing. A watched connector directory changes it at its
-    /// reload interval; keys and publications made at runtime (the admin API, or other
-    /// gateways on a shared Redis) at the registry poll; an MCP upstream's tools at the tools
-    /// cache's age. With none of these, a static config: five minutes. Changes inside the
-    /// window reach `subscriptions/listen` streams at once.
+    /// catalog can go without changing. A watched connector directory, keys and publications
+    /// made at runtime (the admin API, or other gateways on a shared Redis) can change it at
+    /// any moment: the registry poll's period; an MCP upstream's tools at the tools cache's
+    /// age. With none of these, a static config: five minutes. Changes inside the window
+    /// reach `subscriptions/listen` streams at once.
     pub fn list_ttl_ms(&self, workspace: &str) -> u64 {
         let mut ttl = std::time::Duration::from_secs(300);
-        if let Some(interval) = self.reload_interval {
-            ttl = ttl.min(interval);
-        }
-        if self.admin.is_some() || matches!(self.services.store, crate::store::Store::Redis(_)) {
+        if self.loader.dir().is_some()
+            || self.admin.is_some()
+            || matches!(self.services.store, crate::store::Store::Redis(_))
+        {
             ttl = ttl.min(crate::admin::REGISTRY_POLL);
         }
         let upstreams = self

@@ -36,6 +36,7 @@ pub mod error;
 #[cfg(feature = "test-util")]
 pub mod failpoint;
 pub mod gateway;
+pub mod hotload;
 pub mod http;
 pub mod idempotency;
 pub mod invoke;

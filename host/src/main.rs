@@ -66,6 +66,12 @@ enum Command {
         #[command(subcommand)]
         command: KeysCommand,
     },
+    /// Hot-loaded connector components of a running gateway (kept in its connectors
+    /// directory, so they survive a restart).
+    Connectors {
+        #[command(subcommand)]
+        command: ConnectorsCommand,
+    },
     /// Cedar policy publications.
     Policies {
         #[command(subcommand)]
@@ -149,6 +155,36 @@ enum KeysCommand {
     },
 }
 
+#[derive(Subcommand)]
+enum ConnectorsCommand {
+    /// Every component the gateway serves: name, version, digest, where it came from, tools.
+    List {
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Upload a connector the gateway does not serve yet. It is compiled and validated
+    /// first; a component that does not load is refused with the reason.
+    Add {
+        #[command(flatten)]
+        admin: AdminArgs,
+        component: PathBuf,
+    },
+    /// Upload a new version of a hot-loaded connector. Calls in flight finish on the old
+    /// version; a version that does not load is refused and the old one keeps serving.
+    Replace {
+        #[command(flatten)]
+        admin: AdminArgs,
+        name: String,
+        component: PathBuf,
+    },
+    /// Remove a hot-loaded connector; its tools disappear from the next listing.
+    Remove {
+        #[command(flatten)]
+        admin: AdminArgs,
+        name: String,
+    },
+}
+
 #[derive(Clone, Copy, clap::ValueEnum)]
 enum TokenKind {
     Key,
@@ -199,6 +235,7 @@ enum Body {
     None,
     Json(serde_json::Value),
     Text(String),
+    Wasm(Vec<u8>),
 }
 
 /// One admin API request; prints the JSON answer, exits 1 unless it succeeded.
@@ -221,6 +258,9 @@ fn admin_call(
                 .header("content-type", "application/json")
                 .body(value.to_string()),
             Body::Text(text) => request.header("content-type", "text/plain").body(text),
+            Body::Wasm(bytes) => request
+                .header("content-type", "application/wasm")
+                .body(bytes),
         };
         let response = request.send().await?;
         let status = response.status();
@@ -524,6 +564,41 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             &format!("/v1/admin/keys/{name}"),
             Body::None,
         ),
+        Command::Connectors { command } => {
+            let read = |path: &PathBuf| {
+                std::fs::read(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+            };
+            match command {
+                ConnectorsCommand::List { admin } => admin_call(
+                    &admin,
+                    reqwest::Method::GET,
+                    "/v1/admin/connectors",
+                    Body::None,
+                ),
+                ConnectorsCommand::Add { admin, component } => admin_call(
+                    &admin,
+                    reqwest::Method::POST,
+                    "/v1/admin/connectors",
+                    Body::Wasm(read(&component)?),
+                ),
+                ConnectorsCommand::Replace {
+                    admin,
+                    name,
+                    component,
+                } => admin_call(
+                    &admin,
+                    reqwest::Method::PUT,
+                    &format!("/v1/admin/connectors/{name}"),
+                    Body::Wasm(read(&component)?),
+                ),
+                ConnectorsCommand::Remove { admin, name } => admin_call(
+                    &admin,
+                    reqwest::Method::DELETE,
+                    &format!("/v1/admin/connectors/{name}"),
+                    Body::None,
+                ),
+            }
+        }
         Command::Policies {
             command:
                 PoliciesCommand::Publish {

@@ -196,6 +196,7 @@ pub struct Metrics {
     store_errors: Counter,
     reloads: Family<ReloadLabels, Counter>,
     load_failures: Counter,
+    components_in_memory: Gauge,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -274,7 +275,14 @@ impl Default for Metrics {
             "Problems met by each reload (a refused component, an unreadable directory); a component that stays broken counts on every reload",
             Counter::default(),
         );
+        let components_in_memory = registered(
+            r,
+            "components_in_memory",
+            "Compiled component versions held in memory: the ones served, and replaced ones until their last call ends",
+            Gauge::default(),
+        );
         Metrics {
+            components_in_memory,
             registry,
             requests,
             tool_calls,
@@ -408,7 +416,13 @@ impl Metrics {
     }
 
     /// The text a scrape gets, with each upstream's health read now.
-    pub fn render(&self, upstreams: &[(Arc<str>, Arc<str>, bool)]) -> String {
+    pub fn render(
+        &self,
+        upstreams: &[(Arc<str>, Arc<str>, bool)],
+        components_in_memory: usize,
+    ) -> String {
+        self.components_in_memory
+            .set(i64::try_from(components_in_memory).unwrap_or(i64::MAX));
         // A connection removed since the last scrape leaves no series behind.
         self.upstream_up.clear();
         for (workspace, connection, up) in upstreams {
@@ -437,7 +451,7 @@ mod tests {
         metrics.request("tools/call");
         metrics.request("x-secret-method-sk_live_123");
         metrics.request("TOOLS/CALL");
-        let text = metrics.render(&[]);
+        let text = metrics.render(&[], 0);
         assert!(
             text.contains(r#"obol_requests_total{method="tools/call"} 2"#),
             "{text}"

@@ -17,7 +17,10 @@ pub async fn open_store(config: &StoreConfig) -> anyhow::Result<Store> {
     Ok(match &config.backend {
         StoreBackend::Embedded(path) => {
             tracing::info!(path = %path.display(), "using the embedded store");
-            Store::Embedded(EmbeddedStore::open(path)?.with_retention(config.retention))
+            Store::Embedded(
+                EmbeddedStore::open_with_cache(path, config.cache_bytes)?
+                    .with_retention(config.retention),
+            )
         }
         StoreBackend::Redis(target) => {
             let store = match target {
@@ -45,22 +48,8 @@ pub async fn serve(config: Config, listener: TcpListener) -> anyhow::Result<()> 
     let gateway = Arc::new(tokio::task::block_in_place(|| {
         Gateway::new(&config, store, address)
     })?);
-    if let Some(interval) = config.reload_interval {
-        let watcher = Arc::clone(&gateway);
-        tokio::spawn(async move {
-            let mut ticks = tokio::time::interval(interval);
-            ticks.tick().await;
-            loop {
-                ticks.tick().await;
-                let gateway = Arc::clone(&watcher);
-                let _ = tokio::task::spawn_blocking(move || {
-                    if gateway.reload() {
-                        gateway.warm_views();
-                    }
-                })
-                .await;
-            }
-        });
+    if let Some(dir) = &config.connectors_dir {
+        crate::hotload::watch(Arc::clone(&gateway), dir, config.reload_interval)?;
     }
     // Keys and publications made through the admin API, before the first request. With a
     // shared store, other gateways' changes arrive by polling.

@@ -169,12 +169,7 @@ impl GatewayConfig {
         .unwrap();
         writeln!(toml, "[connectors]\ncomponents = {:?}", self.components).unwrap();
         if self.connectors_dir {
-            writeln!(
-                toml,
-                "dir = {:?}\nreload_interval_ms = 200",
-                dir.join("connectors.d")
-            )
-            .unwrap();
+            writeln!(toml, "dir = {:?}", dir.join("connectors.d")).unwrap();
         }
         std::fs::write(dir.join("secret.txt"), SECRET).unwrap();
         writeln!(
@@ -353,13 +348,21 @@ impl GatewayProcess {
 
     /// The gateway's peak resident memory so far, in MiB (`VmHWM`).
     pub fn peak_rss_mib(&self) -> u64 {
+        self.status_kib("VmHWM:") / 1024
+    }
+
+    /// The gateway's resident memory now, in MiB (`VmRSS`).
+    pub fn rss_mib(&self) -> f64 {
+        self.status_kib("VmRSS:") as f64 / 1024.0
+    }
+
+    fn status_kib(&self, field: &str) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
-        let kib: u64 = status
+        status
             .lines()
-            .find_map(|line| line.strip_prefix("VmHWM:"))
+            .find_map(|line| line.strip_prefix(field))
             .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap();
-        kib / 1024
+            .unwrap()
     }
 
     /// Everything the gateway logged so far.

@@ -25,7 +25,10 @@ pub const SECRET: &str = "sk_test_ThisMustNeverLeakOutsideTheOutboundHop";
 /// Paths of the guest components built by the host's build script.
 pub mod guests {
     pub const PAYMENTS: &str = env!("OBOL_GUEST_PAYMENTS");
+    pub const PAYMENTS_NEXT: &str = env!("OBOL_GUEST_PAYMENTS_NEXT");
     pub const TRACKER: &str = env!("OBOL_GUEST_TRACKER");
+    /// The tracker at version `0.2.0-next`: its text answers end `[tracker 0.2.0-next]`.
+    pub const TRACKER_NEXT: &str = env!("OBOL_GUEST_TRACKER_NEXT");
     pub const HOSTILE: &str = env!("OBOL_GUEST_HOSTILE");
     pub const NANGO: &str = env!("OBOL_GUEST_NANGO");
     pub const COMPOSIO: &str = env!("OBOL_GUEST_COMPOSIO");

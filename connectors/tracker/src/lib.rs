@@ -18,6 +18,12 @@ const CREATE: &str = "issues.create";
 const GET: &str = "issues.get";
 const CLOSE: &str = "issues.close";
 
+/// The gateway's tests build a second version (`--features next`) that says which it is.
+#[cfg(not(feature = "next"))]
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+#[cfg(feature = "next")]
+const VERSION: &str = "0.2.0-next";
+
 /// GitHub's recommended media type; the host adds credentials and the user agent.
 const ACCEPT: &str = "application/vnd.github+json";
 
@@ -27,7 +33,7 @@ impl Connector for Tracker {
     fn manifest() -> Manifest {
         // GitHub offers no idempotency key, so both writes keep `EffectSpec::write()`'s
         // honest `Propagation::Unsupported`; policy decides whether that is acceptable.
-        Manifest::new("tracker", env!("CARGO_PKG_VERSION"))
+        Manifest::new("tracker", VERSION)
             .tool(
                 Tool::new(CREATE, EffectSpec::write())
                     .description("Open a new issue in a repository.")
@@ -99,6 +105,8 @@ impl Connector for Tracker {
             issue["state"].as_str().unwrap_or_default(),
             issue["url"].as_str().unwrap_or_default(),
         );
+        #[cfg(feature = "next")]
+        let text = format!("{text} [tracker {VERSION}]");
         Ok(ToolOutput::text(text).structured(issue))
     }
 }

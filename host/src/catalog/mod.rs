@@ -29,7 +29,7 @@ pub use manifest::{
     classify_body,
 };
 pub use names::ToolName;
-pub use sources::{BUNDLED, Loader, SourceError, load_connector};
+pub use sources::{BUNDLED, Loader, Origin, SourceError, load_connector};
 
 /// A component that loaded and whose manifest is valid.
 #[derive(Debug)]

@@ -35,6 +35,17 @@ pub enum SourceError {
     },
 }
 
+/// Where a served component came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// Compiled into the binary (`bundled:NAME`).
+    Bundled,
+    /// A path the config file names.
+    Configured,
+    /// A file in the watched directory.
+    Directory(PathBuf),
+}
+
 /// Loads components, remembering what it loaded by digest so a reload recompiles nothing
 /// that did not change, and by origin so a broken replacement keeps the last good version.
 pub struct Loader {
@@ -97,6 +108,8 @@ impl Loader {
             }
         }
         let mut last_good = self.last_good.lock().expect("loader lock");
+        // A source that is gone (a removed file) is forgotten, so its version can be dropped.
+        last_good.retain(|origin, _| origins.iter().any(|(seen, _)| seen == origin));
         for (origin, result) in origins {
             match result {
                 Ok(connector) => {
@@ -111,7 +124,35 @@ impl Loader {
                 }
             }
         }
+        // Compiled versions nothing serves any more are released (a call still running on one
+        // holds it until it ends); flipping back to one loads it from the compile cache.
+        self.by_digest
+            .lock()
+            .expect("loader lock")
+            .retain(|_, loaded| connectors.iter().any(|c| Arc::ptr_eq(c, loaded)));
         (connectors, problems)
+    }
+
+    /// The watched directory, when there is one.
+    pub fn dir(&self) -> Option<&Path> {
+        self.dir.as_deref()
+    }
+
+    /// Where the component with `digest` that the last load kept came from.
+    pub fn origin_of(&self, digest: &str) -> Option<Origin> {
+        let last_good = self.last_good.lock().expect("loader lock");
+        let (origin, _) = last_good
+            .iter()
+            .find(|(_, connector)| connector.guest.digest == digest)?;
+        let configured = self
+            .sources
+            .iter()
+            .find(|source| origin_of(source) == *origin);
+        Some(match configured {
+            Some(ComponentSource::Bundled(_)) => Origin::Bundled,
+            Some(ComponentSource::Path(_)) => Origin::Configured,
+            None => Origin::Directory(PathBuf::from(origin)),
+        })
     }
 
     fn load_source(&self, source: &ComponentSource) -> Result<Arc<Connector>, SourceError> {

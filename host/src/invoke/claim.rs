@@ -64,7 +64,12 @@ impl Planned {
         ))
     }
 
+    /// Takes an existing slot for a new attempt. Only under its whole pin: a call prepared by
+    /// another connector version than the slot's is the same call, but not the same request.
     fn take(self, record: ClaimRecord, next: ClaimRecord) -> Result<Claimed, Answer> {
+        if record.pin != self.pin {
+            return self.answered(ObolError::IdempotencyConflict, Some(&record));
+        }
         Ok(Claimed {
             invocation: Invocation { plan: self, record },
             reservation: Reservation::Next(Box::new(next)),
@@ -176,7 +181,7 @@ impl Planned {
         } else {
             existing
         };
-        if existing.pin != self.pin {
+        if !existing.pin.same_call(&self.pin) {
             // A capability call that found no slot when it was routed, and whose first call
             // then claimed it on another provider (the breaker moved in between): the same
             // call, routed twice. Its retry reads the slot and takes the recorded route.
@@ -212,6 +217,9 @@ impl Planned {
                 // longer recognises would be a second effect, so the unknown stands.
                 let window_ms = self.route().connection.idempotency_window.as_millis() as u64;
                 let may_resend = may_resend && now < existing.created_at_ms + window_ms;
+                // Only the version that prepared the request resends it: after a hot upgrade
+                // another version may build another request, so the unknown stands.
+                let may_resend = may_resend && existing.pin == self.pin;
                 if may_resend {
                     let next = existing.reserve_next(caller.clone(), self.lease_until(services));
                     return self.take(existing, next);
@@ -236,6 +244,10 @@ impl Planned {
                 Admission::Proceed => {
                     let next = existing.reserve_next(caller.clone(), self.lease_until(services));
                     self.take(existing, next)
+                }
+                // Never held for an approval that could not be spent (see `take`).
+                Admission::NeedsApproval if existing.pin != self.pin => {
+                    self.answered(ObolError::IdempotencyConflict, Some(&existing))
                 }
                 Admission::NeedsApproval => {
                     if let Err(refusal) = hold::room_for_another(services, caller).await {

@@ -16,7 +16,7 @@ mod cache;
 mod legacy;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
@@ -115,6 +115,14 @@ pub struct Guest {
     /// sha256 of the component's bytes, hex.
     pub digest: String,
     pub contract: Contract,
+    /// The runtime's count of compiled components alive, which this one leaves when dropped.
+    alive: Arc<AtomicUsize>,
+}
+
+impl Drop for Guest {
+    fn drop(&mut self) {
+        self.alive.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl std::fmt::Debug for Guest {
@@ -229,6 +237,8 @@ pub struct Runtime {
     cache: Option<CompileCache>,
     limits: RuntimeConfig,
     slots: Semaphore,
+    /// Compiled components alive (`Guest`s): what hot swaps must not pile up.
+    alive: Arc<AtomicUsize>,
     _ticker: EpochTicker,
 }
 
@@ -291,12 +301,19 @@ impl Runtime {
             linker,
             cache,
             slots: Semaphore::new(instances as usize),
+            alive: Arc::default(),
             limits,
         })
     }
 
     pub fn limits(&self) -> &RuntimeConfig {
         &self.limits
+    }
+
+    /// How many compiled component versions are in memory: every one a snapshot serves, and
+    /// a replaced one until its last call ends.
+    pub fn components_in_memory(&self) -> usize {
+        self.alive.load(Ordering::Relaxed)
     }
 
     /// Compiles (or loads from the cache) and links a component, and asks it for its manifest.
@@ -322,10 +339,12 @@ impl Runtime {
                 Err(_) => return Err(LoadError::Contract(format!("{current:#}"))),
             },
         };
+        self.alive.fetch_add(1, Ordering::Relaxed);
         let guest = Guest {
             pre,
             digest,
             contract,
+            alive: Arc::clone(&self.alive),
         };
         let manifest = self
             .call_blocking(&guest, "loading", |instance, store| {

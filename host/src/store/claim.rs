@@ -73,15 +73,22 @@ impl TryFrom<String> for PinnedBinding {
     }
 }
 
-/// What a claim pins when it is first acquired. A later call under the same key must match
-/// all of it, or it is an `idempotency_conflict`.
+/// What a claim pins when it is first acquired. A later call under the same key must make the
+/// same call (request hash and destination) or it is an `idempotency_conflict`; to be sent
+/// again it must match all of it, the connector version included.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "StoredPin")]
 pub struct Pin {
     /// sha256 of the canonical arguments.
     pub request_hash: String,
     pub binding: PinnedBinding,
-    /// Non-secret target facts: connection, connector version, method, origin, upstream tool.
+    /// Non-secret destination facts: connection, connector name, method, origin, upstream tool.
     pub fingerprint: String,
+    /// The component version that prepared the request (components only). Not part of the
+    /// destination: a finished call replays across a hot upgrade, but is never resent by
+    /// another version than the one that prepared it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connector_version: Option<String>,
 }
 
 impl Pin {
@@ -90,8 +97,69 @@ impl Pin {
             request_hash: request_hash.to_string(),
             binding,
             fingerprint,
+            connector_version: None,
         }
     }
+
+    /// The same pin, for a request a component of `version` prepared.
+    pub fn prepared_by(self, version: &str) -> Pin {
+        Pin {
+            connector_version: Some(version.to_owned()),
+            ..self
+        }
+    }
+
+    /// Whether `other` is the same call: the same arguments to the same destination. A slot's
+    /// stored outcome answers it, whichever connector version is serving now.
+    pub fn same_call(&self, other: &Pin) -> bool {
+        self.request_hash == other.request_hash && self.fingerprint == other.fingerprint
+    }
+}
+
+/// A pin as stored. Records written before the version had a field of its own carry it in
+/// the fingerprint (`CONNECTION NAME@VERSION METHOD ORIGIN TOOL`); it is moved out on read, so
+/// a retry across the upgrade that brought this format is still the same call.
+#[derive(Deserialize)]
+struct StoredPin {
+    request_hash: String,
+    binding: PinnedBinding,
+    fingerprint: String,
+    #[serde(default)]
+    connector_version: Option<String>,
+}
+
+impl From<StoredPin> for Pin {
+    fn from(stored: StoredPin) -> Pin {
+        let (fingerprint, connector_version) = match stored.connector_version {
+            Some(version) => (stored.fingerprint, Some(version)),
+            None => match split_legacy_version(&stored.fingerprint) {
+                Some((fingerprint, version)) => (fingerprint, Some(version)),
+                None => (stored.fingerprint, None),
+            },
+        };
+        Pin {
+            request_hash: stored.request_hash,
+            binding: stored.binding,
+            fingerprint,
+            connector_version,
+        }
+    }
+}
+
+/// `NAME@VERSION` followed by an upper-case method and an `http(s)://` origin: the only place
+/// an old component fingerprint put the version (a capability's fingerprint ends with one).
+fn split_legacy_version(fingerprint: &str) -> Option<(String, String)> {
+    let words: Vec<&str> = fingerprint.split(' ').collect();
+    let at = words.windows(3).position(|w| {
+        w[0].contains('@')
+            && !w[1].is_empty()
+            && w[1].bytes().all(|b| b.is_ascii_uppercase())
+            && (w[2].starts_with("http://") || w[2].starts_with("https://"))
+    })?;
+    let (name, version) = words[at].split_once('@')?;
+    let mut rewritten: Vec<&str> = words.clone();
+    rewritten[at] = name;
+    Some((rewritten.join(" "), version.to_owned()))
 }
 
 /// Whether the call that holds a slot needed a human's approval, as policy decided it.
@@ -429,7 +497,50 @@ mod tests {
             request_hash: "h".into(),
             binding: PinnedBinding::None,
             fingerprint: "f".into(),
+            connector_version: None,
         }
+    }
+
+    #[test]
+    fn an_old_pin_moves_its_connector_version_out_of_the_destination() {
+        let old = r#"{"request_hash":"ab","binding":"none","fingerprint":"stripe stripe@0.1.0 POST http://127.0.0.1:9 charges.create"}"#;
+        let pin: Pin = serde_json::from_str(old).unwrap();
+        assert_eq!(
+            pin.fingerprint,
+            "stripe stripe POST http://127.0.0.1:9 charges.create"
+        );
+        assert_eq!(pin.connector_version.as_deref(), Some("0.1.0"));
+        let capability = r#"{"request_hash":"ab","binding":"none","fingerprint":"cap.pay.charge stripe mapped:cd stripe stripe@2.0.0-rc.1 POST https://api.example charges.create"}"#;
+        let pin: Pin = serde_json::from_str(capability).unwrap();
+        assert_eq!(
+            (pin.fingerprint.as_str(), pin.connector_version.as_deref()),
+            (
+                "cap.pay.charge stripe mapped:cd stripe stripe POST https://api.example charges.create",
+                Some("2.0.0-rc.1")
+            )
+        );
+        // Upstream and gateway destinations never carried a version; an `@` elsewhere stays.
+        for unchanged in [
+            "notion mcp http://127.0.0.1:9 search@v2",
+            "gateway search_tools for abc",
+        ] {
+            let stored =
+                format!(r#"{{"request_hash":"ab","binding":"none","fingerprint":"{unchanged}"}}"#);
+            let pin: Pin = serde_json::from_str(&stored).unwrap();
+            assert_eq!(
+                (pin.fingerprint.as_str(), pin.connector_version),
+                (unchanged, None)
+            );
+        }
+        // And a new pin reads back as written.
+        let new = Pin::new(
+            RequestHash::of_arguments(&serde_json::json!({})),
+            PinnedBinding::None,
+            "a b@c POST http://x t".into(),
+        )
+        .prepared_by("1.0.0");
+        let again: Pin = serde_json::from_str(&serde_json::to_string(&new).unwrap()).unwrap();
+        assert_eq!(again, new);
     }
 
     #[test]

@@ -64,6 +64,7 @@ fn receipt(record: &ClaimRecord, claim: &ClaimKey) -> Receipt {
         connection: "stripe-main".into(),
         request_hash: record.pin.request_hash.clone(),
         fingerprint: record.pin.fingerprint.clone(),
+        connector_version: None,
         attempt_count: record.attempts,
         outcome: OutcomeClass::Accepted,
         vendor_status: Some(200),

@@ -28,7 +28,7 @@ pub use claim::{
     ApprovalBasis, Claim, ClaimRecord, ClaimState, HeldFor, Holder, Opening, OutcomeClass, Pin,
     PinnedBinding, StoredOutcome,
 };
-pub use embedded::EmbeddedStore;
+pub use embedded::{DEFAULT_CACHE_BYTES, EmbeddedStore};
 pub use redis::RedisStore;
 #[cfg(feature = "test-util")]
 pub use volatile::VolatileStore;
@@ -168,6 +168,9 @@ pub struct Receipt {
     pub connection: String,
     pub request_hash: String,
     pub fingerprint: String,
+    /// The version of the component that prepared the request (component routes only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connector_version: Option<String>,
     pub attempt_count: u32,
     pub outcome: OutcomeClass,
     pub vendor_status: Option<u16>,

@@ -145,25 +145,23 @@ async fn plan(
     let route = &routed.route;
     let arguments = Value::Object(routed.parsed.arguments.clone());
     let idempotency_key = &routed.parsed.idempotency_key;
-    let (request, destination) = match &route.served_by {
+    let (request, destination, version) = match &route.served_by {
         ServedBy::Component { connector, .. } => {
             let (request, facts) =
                 component::prepare(services, route, &arguments, idempotency_key).await?;
-            let destination = format!(
-                "{}@{} {}",
-                connector.manifest.name, connector.manifest.version, facts
-            );
-            (Request::Component(request), destination)
+            let destination = format!("{} {facts}", connector.manifest.name);
+            let version = Some(connector.manifest.version.as_str());
+            (Request::Component(request), destination, version)
         }
         ServedBy::Upstream { id, .. } => {
             let (request, facts) =
                 upstream::prepare(route, id, &routed.parsed.arguments, idempotency_key)?;
-            (Request::Upstream(request), facts)
+            (Request::Upstream(request), facts, None)
         }
         ServedBy::Gateway(_) => {
             let (request, facts) =
                 gateway::prepare(services, catalog, key, route, &routed.parsed.arguments)?;
-            (Request::Gateway(request), facts)
+            (Request::Gateway(request), facts, None)
         }
         // Resolved to a provider before authorization; never sent as itself.
         ServedBy::Capability { .. } => return Err(ObolError::Internal),
@@ -192,6 +190,10 @@ async fn plan(
         route.tool().effect.propagation.pinned(),
         destination,
     );
+    let pin = match version {
+        Some(version) => pin.prepared_by(version),
+        None => pin,
+    };
     // An approval for one destination or one set of arguments cannot be spent on another.
     if let Some(grant) = &routed.parsed.grant
         && (grant.request_hash != pin.request_hash || grant.destination != pin.fingerprint)
