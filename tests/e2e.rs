@@ -18,7 +18,8 @@
 //!   checks and codes, caching hints, `subscriptions/listen`, rmcp in discover mode.
 //! - `conformance`: the official `@modelcontextprotocol/conformance` suite against a gateway.
 //! - `hotload`: components added, replaced and removed on a running gateway (the watched
-//!   directory, the admin API, `obol connectors`), a retry across versions, 100 swaps under load.
+//!   directory, the admin API, `obol connectors`), a retry across versions, 100 swaps under
+//!   load, signed and pinned components (`[connectors.trust]`, interoperating with minisign).
 //! - `upstreams`: remote MCP servers (`kind = "mcp"`): a misbehaving mock and the official
 //!   reference server, through the same lifecycle.
 

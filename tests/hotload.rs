@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::admin::{ADMIN, obol};
+use crate::support::gateway::run_obol;
 use crate::support::vendor::{ScriptedVendor, Step};
 use crate::support::{
     GatewayConfig, GatewayProcess, McpClient, MockVendor, TOKEN, guests, key_hash,
@@ -538,4 +539,236 @@ async fn a_hundred_swaps_under_load_lose_no_call() {
         (rss_after_swaps - rss_first_swap).abs() <= rss_first_swap * 0.10,
         "RSS moved from {rss_first_swap:.1} to {rss_after_swaps:.1} MiB over 100 swaps"
     );
+}
+
+/// Makes a publisher key pair with `obol connectors keygen`; returns (secret key file, public
+/// key).
+fn publisher(dir: &std::path::Path, name: &str) -> (std::path::PathBuf, String) {
+    let secret = dir.join(format!("{name}.key"));
+    let (code, out, err) = run_obol(&["connectors", "keygen", secret.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let public = out
+        .lines()
+        .find_map(|line| line.strip_prefix("public key: "))
+        .unwrap()
+        .to_owned();
+    (secret, public)
+}
+
+/// `obol connectors sign`: writes COMPONENT.minisig.
+fn sign(secret: &std::path::Path, component: &std::path::Path) {
+    let (code, _, err) = run_obol(&[
+        "connectors",
+        "sign",
+        "--secret-key",
+        secret.to_str().unwrap(),
+        component.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+}
+
+/// `obol connectors verify`: COMPONENT.minisig against a public key (its line or its file).
+fn verify(public: &str, component: &std::path::Path) -> (i32, String, String) {
+    run_obol(&[
+        "connectors",
+        "verify",
+        "--public-key",
+        public,
+        component.to_str().unwrap(),
+    ])
+}
+
+/// `hot_config` under `[connectors.trust]` with one publisher (a TOML inline table's
+/// fields); the configured components are pinned by digest.
+fn trusting(vendor: &str, publisher: &str) -> GatewayConfig {
+    let mut config = hot_config(vendor);
+    config.extra.push_str(&format!(
+        "\n[connectors.trust]\npublishers = [{{ {publisher} }}]\npinned = [\"sha256:{}\", \"sha256:{}\"]\n",
+        sha256_of(guests::PAYMENTS),
+        sha256_of(guests::HOSTILE)
+    ));
+    config
+}
+
+fn sha256_of(path: &str) -> String {
+    hex::encode(<sha2::Sha256 as sha2::Digest>::digest(
+        std::fs::read(path).unwrap(),
+    ))
+}
+
+#[tokio::test]
+async fn only_components_signed_by_a_trusted_publisher_or_pinned_load() {
+    let keys = tempfile::tempdir().unwrap();
+    let (acme_secret, acme_public) = publisher(keys.path(), "acme");
+    let (stranger_secret, stranger_public) = publisher(keys.path(), "stranger");
+    let tracker = keys.path().join("tracker.wasm");
+    std::fs::copy(guests::TRACKER, &tracker).unwrap();
+    sign(&acme_secret, &tracker);
+    let next = keys.path().join("tracker-next.wasm");
+    std::fs::copy(guests::TRACKER_NEXT, &next).unwrap();
+
+    // Offline verification, by key.
+    let (code, out, err) = verify(&acme_public, &tracker);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("verified") && out.contains("file:tracker.wasm"),
+        "{out}"
+    );
+    let (code, _, err) = verify(&stranger_public, &tracker);
+    assert_eq!(code, 1);
+    assert!(err.contains("which no publisher"), "{err}");
+
+    let vendor = MockVendor::start().await;
+    // The configured components are pinned by digest; hot-loaded ones must be signed.
+    let config = trusting(
+        &vendor.base_url(),
+        &format!("name = \"acme\", key = \"{acme_public}\""),
+    );
+    let gateway = GatewayProcess::start(&config);
+
+    let (code, added) = obol(&gateway, &["connectors", "add", tracker.to_str().unwrap()]);
+    assert_eq!(code, 0, "{added}");
+    let listed = listed(&gateway).await;
+    let entry = |name: &str| {
+        listed["connectors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .cloned()
+            .unwrap()
+    };
+    assert_eq!(entry("tracker")["provenance"]["trust"], json!("signed"));
+    assert_eq!(entry("tracker")["provenance"]["publisher"], json!("acme"));
+    assert_eq!(entry("stripe")["provenance"]["trust"], json!("pinned"));
+
+    // Unsigned, signed by a stranger, or signed but changed since: refused, v1 keeps serving.
+    let (status, refused) = upload(&gateway, Some("tracker"), next.to_str().unwrap()).await;
+    assert_eq!(status, 400);
+    assert!(refused.to_string().contains("not signed"), "{refused}");
+    sign(&stranger_secret, &next);
+    let (code, refused) = obol(
+        &gateway,
+        &["connectors", "replace", "tracker", next.to_str().unwrap()],
+    );
+    assert_eq!(code, 1);
+    assert!(
+        refused.to_string().contains("which no publisher"),
+        "{refused}"
+    );
+    std::fs::copy(
+        obol::catalog::signature_path(&tracker),
+        obol::catalog::signature_path(&next),
+    )
+    .unwrap();
+    let (code, refused) = obol(
+        &gateway,
+        &["connectors", "replace", "tracker", next.to_str().unwrap()],
+    );
+    assert_eq!(code, 1);
+    assert!(
+        refused.to_string().contains("changed after it was signed"),
+        "{refused}"
+    );
+    let client = McpClient::connect(&gateway.url, TOKEN).await;
+    let result = client
+        .call("tracker.issues.get", json!({"number": 7}))
+        .await
+        .unwrap();
+    assert_eq!(tracker_version(&result), V1);
+
+    // Signed by the trusted publisher: it replaces v1.
+    sign(&acme_secret, &next);
+    let (code, replaced) = obol(
+        &gateway,
+        &["connectors", "replace", "tracker", next.to_str().unwrap()],
+    );
+    assert_eq!(code, 0, "{replaced}");
+    let result = client
+        .call("tracker.issues.get", json!({"number": 7}))
+        .await
+        .unwrap();
+    assert_eq!(tracker_version(&result), V2);
+
+    // A file dropped in unsigned is refused at hot-load, with the reason in the log.
+    std::fs::copy(guests::NANGO, gateway.connectors_dir().join("nango.wasm")).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !gateway.log().contains("nango.wasm: refused: not signed") {
+        assert!(Instant::now() < deadline, "{}", gateway.log());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // `obol check` names the signer, and whether a config trusts it.
+    let config_path = gateway.dir.path().join("obol.toml");
+    let (code, out, err) = run_obol(&[
+        "check",
+        tracker.to_str().unwrap(),
+        "--config",
+        config_path.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("signed by acme: trusted"), "{out}");
+
+    // A configured component neither pinned nor signed stops the gateway at start.
+    let mut unpinned = config.clone();
+    unpinned.extra = config
+        .extra
+        .replace(&sha256_of(guests::HOSTILE), &"0".repeat(64));
+    let refused = unpinned.refused();
+    assert!(refused.contains("refused: not signed"), "{refused}");
+    client.close().await;
+}
+
+/// Signatures are minisign's: the reference `minisign` tool checks what `obol connectors sign`
+/// makes, and a component signed with `minisign` loads under `[connectors.trust]`.
+#[tokio::test]
+async fn signatures_interoperate_with_the_reference_minisign() {
+    let dir = tempfile::tempdir().unwrap();
+    let minisign = |args: &[&str]| {
+        let output = std::process::Command::new("minisign")
+            .args(args)
+            .current_dir(dir.path())
+            .output()
+            .expect("minisign is installed (.ci/test installs it)");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        (output.status.success(), text)
+    };
+    // obol signs, minisign verifies.
+    let (obol_secret, obol_public) = publisher(dir.path(), "obol");
+    let ours = dir.path().join("ours.wasm");
+    std::fs::copy(guests::TRACKER, &ours).unwrap();
+    sign(&obol_secret, &ours);
+    let (verified, text) = minisign(&["-V", "-P", &obol_public, "-m", "ours.wasm"]);
+    assert!(verified, "{text}");
+    assert!(text.contains("obol component sha256:"), "{text}");
+
+    // minisign signs (an unencrypted key), obol verifies and the gateway loads it.
+    let (made, text) = minisign(&["-G", "-W", "-p", "ref.pub", "-s", "ref.key"]);
+    assert!(made, "{text}");
+    let theirs = dir.path().join("theirs.wasm");
+    std::fs::copy(guests::TRACKER, &theirs).unwrap();
+    let (signed, text) = minisign(&["-S", "-s", "ref.key", "-m", "theirs.wasm"]);
+    assert!(signed, "{text}");
+    let public_file = dir.path().join("ref.pub");
+    let (code, out, err) = verify(public_file.to_str().unwrap(), &theirs);
+    assert_eq!(code, 0, "{out}{err}");
+    let vendor = MockVendor::start().await;
+    let config = trusting(
+        &vendor.base_url(),
+        &format!("name = \"reference\", key_file = {public_file:?}"),
+    );
+    let gateway = GatewayProcess::start(&config);
+    let (code, added) = obol(&gateway, &["connectors", "add", theirs.to_str().unwrap()]);
+    assert_eq!(code, 0, "{added}");
+    let client = McpClient::connect(&gateway.url, TOKEN).await;
+    let result = client
+        .call("tracker.issues.get", json!({"number": 7}))
+        .await
+        .unwrap();
+    assert_eq!(result.is_error, Some(false));
+    client.close().await;
 }

@@ -134,7 +134,19 @@ fn obol_check_prints_a_manifest_and_refuses_each_misfit_specifically() {
         out.contains("stripe.create_refund") && out.contains("stripe.charges.list"),
         "{out}"
     );
-    assert!(out.contains("propagation=header"), "{out}");
+    // The whole EffectSpec: statuses per class, the binding with its header, the digest.
+    assert!(
+        out.contains("propagation:   header:Idempotency-Key")
+            || out.contains("propagation:   header:idempotency-key"),
+        "{out}"
+    );
+    assert!(out.contains("statuses:      accepted 200-299"), "{out}");
+    assert!(out.contains("retryable 429"), "{out}");
+    assert!(out.contains("signature: none"), "{out}");
+    let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(
+        std::fs::read(guests::PAYMENTS).unwrap(),
+    ));
+    assert!(out.contains(&format!("sha256:   {digest}")), "{out}");
 
     let expected = [
         ("dotted-name", "contains a dot"),

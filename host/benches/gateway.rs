@@ -398,6 +398,7 @@ fn fifty_connectors(runtime: &Runtime) -> Vec<Arc<Connector>> {
             Arc::new(Connector {
                 manifest,
                 guest: Arc::new(guest),
+                provenance: obol::catalog::trust::Provenance::Unchecked,
             })
         })
         .collect()

@@ -265,9 +265,12 @@ async fn add_connector(
     if let Err(refused) = authorize(&gateway, &headers) {
         return *refused;
     }
-    installed(
-        crate::hotload::install(&gateway, crate::hotload::Upload::Add, None, body.to_vec()).await,
-    )
+    let signature = match uploaded_signature(&headers) {
+        Ok(signature) => signature,
+        Err(refused) => return *refused,
+    };
+    let upload = crate::hotload::Upload::Add;
+    installed(crate::hotload::install(&gateway, upload, None, body.to_vec(), signature).await)
 }
 
 /// `PUT /v1/admin/connectors/{name}`: a new version of a hot-loaded connector.
@@ -283,8 +286,12 @@ async fn replace_connector(
     let Ok(name) = crate::catalog::ConnectorName::parse(&name) else {
         return ObolError::NotFound("connector").to_rest_response();
     };
+    let signature = match uploaded_signature(&headers) {
+        Ok(signature) => signature,
+        Err(refused) => return *refused,
+    };
     let upload = crate::hotload::Upload::Replace;
-    installed(crate::hotload::install(&gateway, upload, Some(name), body.to_vec()).await)
+    installed(crate::hotload::install(&gateway, upload, Some(name), body.to_vec(), signature).await)
 }
 
 async fn remove_connector(
@@ -299,6 +306,26 @@ async fn remove_connector(
         return ObolError::NotFound("connector").to_rest_response();
     };
     installed(crate::hotload::remove(&gateway, &name).await)
+}
+
+/// An upload's detached signature: the `.minisig` file's text, base64 in `Obol-Signature`.
+fn uploaded_signature(headers: &HeaderMap) -> Result<Option<String>, Box<Response>> {
+    use base64::Engine;
+    let Some(value) = crate::mcp::single_header(headers, "obol-signature")
+        .map_err(|_| Box::new(invalid("send one Obol-Signature header")))?
+    else {
+        return Ok(None);
+    };
+    base64::engine::general_purpose::STANDARD
+        .decode(value.trim())
+        .ok()
+        .and_then(|bytes| String::from_utf8(bytes).ok())
+        .map(Some)
+        .ok_or_else(|| {
+            Box::new(invalid(
+                "Obol-Signature is the .minisig file's text, base64-encoded",
+            ))
+        })
 }
 
 fn installed(result: Result<crate::hotload::Installed, ObolError>) -> Response {

@@ -45,6 +45,8 @@ pub struct Config {
     pub components: Vec<ComponentSource>,
     pub connectors_dir: Option<PathBuf>,
     pub reload_interval: Option<Duration>,
+    /// `[connectors.trust]`: which components may load (`None`: all of them).
+    pub trust: Option<crate::catalog::trust::Trust>,
     pub outbound: OutboundConfig,
     pub workspaces: Vec<WorkspaceConfig>,
     /// The `[[keys]]`, parsed into the keys the gateway authenticates.
@@ -586,6 +588,26 @@ struct ConnectorsFile {
     components: Vec<String>,
     dir: Option<PathBuf>,
     reload_interval_ms: Option<u64>,
+    trust: Option<TrustFile>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TrustFile {
+    #[serde(default)]
+    publishers: Vec<PublisherFile>,
+    #[serde(default)]
+    pinned: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PublisherFile {
+    name: String,
+    /// The minisign public key's base64 line.
+    key: Option<String>,
+    /// Or the minisign `.pub` file.
+    key_file: Option<PathBuf>,
 }
 
 #[derive(Deserialize)]
@@ -1318,6 +1340,10 @@ impl Config {
             components,
             connectors_dir: file.connectors.dir.map(|p| resolve(&p)),
             reload_interval: file.connectors.reload_interval_ms.map(ms),
+            trust: match file.connectors.trust {
+                None => None,
+                Some(trust) => Some(parse_trust(trust, &resolve).map_err(invalid)?),
+            },
             outbound: OutboundConfig {
                 connect_timeout: ms(file.outbound.connect_timeout_ms.unwrap_or(5_000)),
                 request_timeout,
@@ -1398,6 +1424,60 @@ impl Config {
         config.check_credentials()?;
         Ok(config)
     }
+}
+
+/// `[connectors.trust]`: publisher keys (inline or from their `.pub` file) and pinned digests.
+fn parse_trust(
+    file: TrustFile,
+    resolve: &dyn Fn(&Path) -> PathBuf,
+) -> Result<crate::catalog::trust::Trust, String> {
+    use crate::catalog::trust::{Publisher, Trust};
+    if file.publishers.is_empty() && file.pinned.is_empty() {
+        return Err(
+            "[connectors.trust] names no publisher and pins nothing: every component but the bundled ones would be refused".into(),
+        );
+    }
+    let mut publishers = Vec::new();
+    for publisher in file.publishers {
+        let key = match (publisher.key, publisher.key_file) {
+            (Some(key), None) => key,
+            (None, Some(path)) => {
+                let path = resolve(&path);
+                std::fs::read_to_string(&path).map_err(|e| {
+                    format!(
+                        "[connectors.trust] publisher {:?}: {}: {e}",
+                        publisher.name,
+                        path.display()
+                    )
+                })?
+            }
+            _ => {
+                return Err(format!(
+                    "[connectors.trust] publisher {:?} needs exactly one of key and key_file",
+                    publisher.name
+                ));
+            }
+        };
+        publishers.push(
+            Publisher::parse(&publisher.name, &key)
+                .map_err(|e| format!("[connectors.trust] {e}"))?,
+        );
+    }
+    let mut pinned = std::collections::HashSet::new();
+    for pin in file.pinned {
+        let digest = pin
+            .strip_prefix("sha256:")
+            .unwrap_or_default()
+            .to_ascii_lowercase();
+        if digest.len() != 64 || !digest.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(format!(
+                "[connectors.trust] pinned entries are sha256:<64 hex digits> (what obol check prints), not {:?}",
+                pin.chars().take(80).collect::<String>()
+            ));
+        }
+        pinned.insert(format!("sha256:{digest}"));
+    }
+    Ok(Trust::new(publishers, pinned))
 }
 
 /// The README's demo credentials: whoever reads the README holds them.

@@ -80,6 +80,7 @@ impl Gateway {
             Arc::clone(&runtime),
             config.components.clone(),
             config.connectors_dir.clone(),
+            config.trust.clone(),
         );
         loader.load_configured()?;
         let (connectors, problems) = loader.load_all();

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::catalog::{Connector, ConnectorName, Origin};
+use crate::catalog::{Connector, ConnectorName, Origin, signature_path};
 use crate::error::ObolError;
 use crate::gateway::Gateway;
 
@@ -133,6 +133,9 @@ pub struct Listed {
     /// `bundled`, `configured` (a path in the config) or `directory` (hot-loaded: the admin
     /// API manages these).
     pub source: &'static str,
+    /// How the gateway trusted it (`bundled`, `pinned`, `signed` with the publisher and key
+    /// id, or `unchecked` without `[connectors.trust]`).
+    pub provenance: crate::catalog::trust::Provenance,
     pub tools: Vec<String>,
 }
 
@@ -152,6 +155,7 @@ pub fn list(gateway: &Gateway) -> Vec<Listed> {
                 Some(Origin::Configured) => "configured",
                 Some(Origin::Directory(_)) | None => "directory",
             },
+            provenance: connector.provenance.clone(),
             tools: connector
                 .manifest
                 .tools
@@ -187,15 +191,17 @@ pub struct Installed {
     pub swap_ms: u64,
 }
 
-/// Validates `bytes` as a component (compiled off the async workers), writes it to the
-/// directory, and swaps it in. Refused with the reason, changing nothing, when it does not
-/// compile, does not validate, is not what `expected` names, or the snapshot would not serve
-/// it (a tool name another connector already has); the serving version stays.
+/// Validates `bytes` as a component (trusted, then compiled off the async workers), writes it
+/// and its detached `signature` to the directory, and swaps it in. Refused with the reason,
+/// changing nothing, when `[connectors.trust]` does not admit it, it does not compile or
+/// validate, is not what `expected` names, or the snapshot would not serve it (a tool name
+/// another connector already has); the serving version stays.
 pub async fn install(
     gateway: &Arc<Gateway>,
     upload: Upload,
     expected: Option<ConnectorName>,
     bytes: Vec<u8>,
+    signature: Option<String>,
 ) -> Result<Installed, ObolError> {
     let dir = directory(gateway)?;
     let _one_at_a_time = CHANGES.lock().await;
@@ -205,10 +211,13 @@ pub async fn install(
         return Err(ObolError::NotFound("connector"));
     }
     let loader_gateway = Arc::clone(gateway);
+    let signature_text = signature.clone();
     let (connector, bytes) = on_the_loader_thread(move || {
-        let connector = loader_gateway
-            .loader
-            .load_bytes("the uploaded component", &bytes);
+        let origin = "the uploaded component";
+        let loader = &loader_gateway.loader;
+        let connector = loader
+            .admit(origin, &bytes, signature_text.as_deref())
+            .and_then(|provenance| loader.load_bytes(origin, &bytes, provenance));
         (connector, bytes)
     })
     .await
@@ -239,8 +248,17 @@ pub async fn install(
         (Upload::Add, None) => dir.join(format!("{name}.wasm")),
     };
     let previous = std::fs::read(&target).ok();
+    let signature_file = signature_path(&target);
+    let previous_signature = std::fs::read(&signature_file).ok();
     let started = Instant::now();
-    write_atomically(&target, &bytes).map_err(|error| {
+    // The signature first: the component is never beside another one's signature for longer
+    // than it takes to rename it in.
+    let written = match &signature {
+        Some(text) => write_atomically(&signature_file, text.as_bytes()),
+        None => remove_if_present(&signature_file),
+    }
+    .and_then(|()| write_atomically(&target, &bytes));
+    written.map_err(|error| {
         tracing::warn!("writing {}: {error}", target.display());
         ObolError::Internal
     })?;
@@ -256,6 +274,10 @@ pub async fn install(
             .find(|problem| problem.contains(name.as_str()))
             .cloned()
             .unwrap_or_else(|| "the catalog did not take it".into());
+        let _ = match &previous_signature {
+            Some(previous) => write_atomically(&signature_file, previous),
+            None => remove_if_present(&signature_file),
+        };
         let _ = match &previous {
             Some(previous) => write_atomically(&target, previous),
             None => std::fs::remove_file(&target),
@@ -288,10 +310,12 @@ pub async fn remove(gateway: &Arc<Gateway>, name: &ConnectorName) -> Result<Inst
         Some((connector, Origin::Directory(path))) => (connector, path),
     };
     let started = Instant::now();
-    std::fs::remove_file(&path).map_err(|error| {
-        tracing::warn!("removing {}: {error}", path.display());
-        ObolError::Internal
-    })?;
+    std::fs::remove_file(&path)
+        .and_then(|()| remove_if_present(&signature_path(&path)))
+        .map_err(|error| {
+            tracing::warn!("removing {}: {error}", path.display());
+            ObolError::Internal
+        })?;
     reload(gateway).await;
     tracing::info!(connector = %name, "component removed through the admin API");
     Ok(Installed {
@@ -316,6 +340,13 @@ fn served(gateway: &Gateway, name: &ConnectorName) -> Option<(Arc<Connector>, Or
     let connector = gateway.catalog().connectors.get(name).cloned()?;
     let origin = gateway.loader.origin_of(&connector.guest.digest)?;
     Some((connector, origin))
+}
+
+fn remove_if_present(path: &Path) -> std::io::Result<()> {
+    match std::fs::remove_file(path) {
+        Err(error) if error.kind() != std::io::ErrorKind::NotFound => Err(error),
+        _ => Ok(()),
+    }
 }
 
 /// Writes beside the target and renames over it, so a reader (this gateway's watcher, or a

@@ -35,10 +35,14 @@ enum Command {
         #[arg(long)]
         listen: Option<SocketAddr>,
     },
-    /// Validate a connector component and print its manifest.
+    /// Validate a connector component and print its digest, contract, signature and every
+    /// tool's EffectSpec.
     Check {
-        /// The component (.wasm) to check.
+        /// The component (.wasm) to check; its signature is COMPONENT.minisig.
         component: PathBuf,
+        /// Check the signature against this config's `[connectors.trust]`.
+        #[arg(long)]
+        config: Option<PathBuf>,
     },
     /// Connect to every MCP upstream of a config and show each tool with the EffectSpec Obol
     /// derives for it: what will be held, hidden or retried, before any call.
@@ -162,15 +166,17 @@ enum ConnectorsCommand {
         #[command(flatten)]
         admin: AdminArgs,
     },
-    /// Upload a connector the gateway does not serve yet. It is compiled and validated
-    /// first; a component that does not load is refused with the reason.
+    /// Upload a connector the gateway does not serve yet, with COMPONENT.minisig when there
+    /// is one. It is checked and compiled first; one that does not load is refused with the
+    /// reason.
     Add {
         #[command(flatten)]
         admin: AdminArgs,
         component: PathBuf,
     },
-    /// Upload a new version of a hot-loaded connector. Calls in flight finish on the old
-    /// version; a version that does not load is refused and the old one keeps serving.
+    /// Upload a new version of a hot-loaded connector, with COMPONENT.minisig when there is
+    /// one. Calls in flight finish on the old version; a version that does not load is
+    /// refused and the old one keeps serving.
     Replace {
         #[command(flatten)]
         admin: AdminArgs,
@@ -182,6 +188,22 @@ enum ConnectorsCommand {
         #[command(flatten)]
         admin: AdminArgs,
         name: String,
+    },
+    /// Make a publisher key pair: the secret key goes to SECRET_KEY (mode 0600, minisign's
+    /// format, unencrypted), the public key is printed for `[connectors.trust]`.
+    Keygen { secret_key: PathBuf },
+    /// Sign a component: writes COMPONENT.minisig (minisign's format; `minisign -V` checks it).
+    Sign {
+        #[arg(long)]
+        secret_key: PathBuf,
+        component: PathBuf,
+    },
+    /// Check COMPONENT.minisig against a publisher's public key (the base64 line or a .pub
+    /// file). Exits 1 unless it verifies.
+    Verify {
+        #[arg(long)]
+        public_key: String,
+        component: PathBuf,
     },
 }
 
@@ -235,7 +257,8 @@ enum Body {
     None,
     Json(serde_json::Value),
     Text(String),
-    Wasm(Vec<u8>),
+    /// A component and its detached signature's text.
+    Wasm(Vec<u8>, Option<String>),
 }
 
 /// One admin API request; prints the JSON answer, exits 1 unless it succeeded.
@@ -258,9 +281,16 @@ fn admin_call(
                 .header("content-type", "application/json")
                 .body(value.to_string()),
             Body::Text(text) => request.header("content-type", "text/plain").body(text),
-            Body::Wasm(bytes) => request
-                .header("content-type", "application/wasm")
-                .body(bytes),
+            Body::Wasm(bytes, signature) => {
+                use base64::Engine;
+                if let Some(signature) = signature {
+                    let encoded = base64::engine::general_purpose::STANDARD.encode(signature);
+                    request = request.header("obol-signature", encoded);
+                }
+                request
+                    .header("content-type", "application/wasm")
+                    .body(bytes)
+            }
         };
         let response = request.send().await?;
         let status = response.status();
@@ -273,6 +303,52 @@ fn admin_call(
     } else {
         ExitCode::from(1)
     })
+}
+
+/// `obol check`'s signature line: who signed the component, and, with a config, whether its
+/// `[connectors.trust]` admits it.
+fn signed_by(
+    bytes: &[u8],
+    digest: &str,
+    signature: Option<&str>,
+    config: Option<PathBuf>,
+) -> anyhow::Result<String> {
+    use obol::catalog::trust::{Provenance, signature_key_id, trusted_comment};
+    let signed = match signature {
+        None => "signature: none".to_owned(),
+        Some(text) => match (signature_key_id(text), trusted_comment(text)) {
+            (Ok(id), Ok(comment)) => format!("signature: key id {id} ({comment})"),
+            (Err(error), _) | (_, Err(error)) => format!("signature: unreadable: {error}"),
+        },
+    };
+    let Some(path) = config else {
+        return Ok(signed);
+    };
+    let config = Config::load(&path)?;
+    let verdict = match &config.trust {
+        None => "the config has no [connectors.trust]: it would load unchecked".to_owned(),
+        Some(trust) => match trust.admit(bytes, digest, signature) {
+            Ok(Provenance::Signed { publisher, .. }) => format!("signed by {publisher}: trusted"),
+            Ok(Provenance::Pinned) => "pinned by sha256: trusted".to_owned(),
+            Ok(other) => format!("{other:?}"),
+            Err(error) => format!("REFUSED: {error}"),
+        },
+    };
+    Ok(format!("{signed}\n  trust:    {verdict}"))
+}
+
+/// Writes a new secret file, readable by its owner only; never over an existing one.
+fn write_secret(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut out = options
+        .open(path)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    out.write_all(text.as_bytes())?;
+    Ok(())
 }
 
 fn main() -> ExitCode {
@@ -392,46 +468,53 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             })?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Check { component } => {
+        Command::Check { component, config } => {
             let bytes = std::fs::read(&component)
                 .map_err(|e| anyhow::anyhow!("{}: {e}", component.display()))?;
+            let signature = std::fs::read_to_string(obol::catalog::signature_path(&component)).ok();
             let runtime = Runtime::new(RuntimeConfig {
                 max_concurrent_calls: 1,
                 ..RuntimeConfig::default()
             })?;
-            match load_connector(&runtime, &component.display().to_string(), &bytes) {
-                Ok(connector) => {
-                    let m = &connector.manifest;
-                    println!(
-                        "{} {} (sha256 {}, {})",
-                        m.name,
-                        m.version,
-                        connector.guest.digest,
-                        connector.guest.contract.label()
-                    );
-                    for tool in &m.tools {
-                        let e = &tool.effect;
-                        let route = match e.broker {
-                            Some(broker) => format!("federated({})", broker.label()),
-                            None => e.route.label().to_owned(),
-                        };
-                        println!(
-                            "  {}.{}  route={route} destructive={} propagation={} output_schema={} body_rules={}",
-                            m.name,
-                            tool.upstream_name,
-                            e.destructive,
-                            e.propagation.label(),
-                            e.output_schema.is_some(),
-                            e.body_rules.len()
-                        );
-                    }
-                    Ok(ExitCode::SUCCESS)
-                }
+            let connector = match load_connector(&runtime, &component.display().to_string(), &bytes)
+            {
+                Ok(connector) => connector,
                 Err(error) => {
                     eprintln!("obol check: {error}");
-                    Ok(ExitCode::from(2))
+                    return Ok(ExitCode::from(2));
                 }
+            };
+            let m = &connector.manifest;
+            println!("{} {}", m.name, m.version);
+            println!("  sha256:   {}", connector.guest.digest);
+            println!("  contract: {}", connector.guest.contract.label());
+            println!(
+                "  {}",
+                signed_by(
+                    &bytes,
+                    &connector.guest.digest,
+                    signature.as_deref(),
+                    config
+                )?
+            );
+            for tool in &m.tools {
+                let e = &tool.effect;
+                let route = match e.broker {
+                    Some(broker) => format!("federated({})", broker.label()),
+                    None => e.route.label().to_owned(),
+                };
+                println!("  {}.{}", m.name, tool.upstream_name);
+                println!("    route:         {route}");
+                println!("    destructive:   {}", e.destructive);
+                println!("    statuses:      {}", e.statuses.describe());
+                println!(
+                    "    propagation:   {}",
+                    String::from(e.propagation.pinned())
+                );
+                println!("    output_schema: {}", e.output_schema.is_some());
+                println!("    body_rules:    {}", e.body_rules.len());
             }
+            Ok(ExitCode::SUCCESS)
         }
         Command::Store {
             command: StoreCommand::Migrate { config },
@@ -504,16 +587,8 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Approvals {
             command: ApprovalsCommand::Keygen { file },
         } => {
-            use std::io::Write;
             let key = obol::approvals::token::generate_signing_key();
-            let mut options = std::fs::OpenOptions::new();
-            options.write(true).create_new(true);
-            #[cfg(unix)]
-            std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-            let mut out = options
-                .open(&file)
-                .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
-            writeln!(out, "{}", hex::encode(key.to_bytes()))?;
+            write_secret(&file, &format!("{}\n", hex::encode(key.to_bytes())))?;
             println!(
                 "public_key = \"{}\"",
                 hex::encode(key.verifying_key().to_bytes())
@@ -568,7 +643,69 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             let read = |path: &PathBuf| {
                 std::fs::read(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
             };
+            // The component and, when it has one, its detached signature.
+            let upload = |path: &PathBuf| -> anyhow::Result<Body> {
+                let signature = std::fs::read_to_string(obol::catalog::signature_path(path)).ok();
+                Ok(Body::Wasm(read(path)?, signature))
+            };
             match command {
+                ConnectorsCommand::Keygen { secret_key } => {
+                    let (secret, public) =
+                        obol::catalog::trust::keygen().map_err(|e| anyhow::anyhow!(e))?;
+                    write_secret(&secret_key, &secret)?;
+                    println!("public key: {public}");
+                    println!(
+                        "[connectors.trust]\npublishers = [{{ name = \"PUBLISHER\", key = \"{public}\" }}]"
+                    );
+                    Ok(ExitCode::SUCCESS)
+                }
+                ConnectorsCommand::Sign {
+                    secret_key,
+                    component,
+                } => {
+                    let secret = std::fs::read_to_string(&secret_key)
+                        .map_err(|e| anyhow::anyhow!("{}: {e}", secret_key.display()))?;
+                    let name = component
+                        .file_name()
+                        .map(|n| n.to_string_lossy().into_owned())
+                        .unwrap_or_default();
+                    let signature = obol::catalog::trust::sign(&secret, &read(&component)?, &name)
+                        .map_err(|e| anyhow::anyhow!(e))?;
+                    let path = obol::catalog::signature_path(&component);
+                    std::fs::write(&path, signature)
+                        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+                    println!("{}", path.display());
+                    Ok(ExitCode::SUCCESS)
+                }
+                ConnectorsCommand::Verify {
+                    public_key,
+                    component,
+                } => {
+                    use obol::catalog::trust::{Publisher, Trust, trusted_comment};
+                    let key = std::fs::read_to_string(&public_key).unwrap_or(public_key);
+                    let publisher =
+                        Publisher::parse("the given key", &key).map_err(|e| anyhow::anyhow!(e))?;
+                    let path = obol::catalog::signature_path(&component);
+                    let signature = std::fs::read_to_string(&path)
+                        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+                    let bytes = read(&component)?;
+                    let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes));
+                    let trust = Trust::new(vec![publisher.clone()], Default::default());
+                    match trust.admit(&bytes, &digest, Some(&signature)) {
+                        Ok(_) => {
+                            println!(
+                                "verified: signed by key id {} ({})",
+                                publisher.key_id(),
+                                trusted_comment(&signature).unwrap_or_default()
+                            );
+                            Ok(ExitCode::SUCCESS)
+                        }
+                        Err(error) => {
+                            eprintln!("obol connectors verify: {}: {error}", component.display());
+                            Ok(ExitCode::from(1))
+                        }
+                    }
+                }
                 ConnectorsCommand::List { admin } => admin_call(
                     &admin,
                     reqwest::Method::GET,
@@ -579,7 +716,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
                     &admin,
                     reqwest::Method::POST,
                     "/v1/admin/connectors",
-                    Body::Wasm(read(&component)?),
+                    upload(&component)?,
                 ),
                 ConnectorsCommand::Replace {
                     admin,
@@ -589,7 +726,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
                     &admin,
                     reqwest::Method::PUT,
                     &format!("/v1/admin/connectors/{name}"),
-                    Body::Wasm(read(&component)?),
+                    upload(&component)?,
                 ),
                 ConnectorsCommand::Remove { admin, name } => admin_call(
                     &admin,

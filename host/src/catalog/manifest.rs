@@ -223,6 +223,30 @@ impl StatusClasses {
         }
     }
 
+    /// The classes as `obol check` prints them: `accepted 200-299; retryable 429, 500-599`
+    /// (any status none of them names is unknown).
+    pub fn describe(&self) -> String {
+        let ranges = |list: &[RangeInclusive<u16>]| {
+            list.iter()
+                .map(|r| match r.start() == r.end() {
+                    true => r.start().to_string(),
+                    false => format!("{}-{}", r.start(), r.end()),
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        [
+            ("accepted", &self.accepted),
+            ("definitely_rejected", &self.definitely_rejected),
+            ("retryable", &self.retryable),
+        ]
+        .into_iter()
+        .filter(|(_, list)| !list.is_empty())
+        .map(|(name, list)| format!("{name} {}", ranges(list)))
+        .collect::<Vec<_>>()
+        .join("; ")
+    }
+
     fn new(tool: &str, spec: &wit::EffectSpec) -> Result<StatusClasses, ManifestError> {
         let ranges = |list: &[wit::StatusRange]| {
             list.iter()

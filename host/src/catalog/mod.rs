@@ -8,6 +8,7 @@ mod capability;
 mod manifest;
 mod names;
 mod sources;
+pub mod trust;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -29,13 +30,15 @@ pub use manifest::{
     classify_body,
 };
 pub use names::ToolName;
-pub use sources::{BUNDLED, Loader, Origin, SourceError, load_connector};
+pub use sources::{BUNDLED, Loader, Origin, SourceError, load_connector, signature_path};
 
 /// A component that loaded and whose manifest is valid.
 #[derive(Debug)]
 pub struct Connector {
     pub manifest: Manifest,
     pub guest: Arc<Guest>,
+    /// Why the gateway trusted it (`[connectors.trust]`).
+    pub provenance: trust::Provenance,
 }
 
 /// One callable tool of one workspace: the tool, what serves it and the connection it runs

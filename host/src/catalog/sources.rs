@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use super::trust::{Provenance, Trust, TrustError};
 use super::{Connector, Manifest, ManifestError};
 use crate::config::ComponentSource;
 use crate::runtime::{LoadError, Runtime};
@@ -33,6 +34,8 @@ pub enum SourceError {
         origin: String,
         source: ManifestError,
     },
+    #[error("{origin}: refused: {source}")]
+    Untrusted { origin: String, source: TrustError },
 }
 
 /// Where a served component came from.
@@ -52,6 +55,8 @@ pub struct Loader {
     runtime: Arc<Runtime>,
     sources: Vec<ComponentSource>,
     dir: Option<PathBuf>,
+    trust: Option<Trust>,
+    /// By digest and provenance: the same bytes trusted another way are another entry.
     by_digest: Mutex<HashMap<String, Arc<Connector>>>,
     last_good: Mutex<HashMap<String, Arc<Connector>>>,
 }
@@ -70,11 +75,13 @@ impl Loader {
         runtime: Arc<Runtime>,
         sources: Vec<ComponentSource>,
         dir: Option<PathBuf>,
+        trust: Option<Trust>,
     ) -> Loader {
         Loader {
             runtime,
             sources,
             dir,
+            trust,
             by_digest: Mutex::default(),
             last_good: Mutex::default(),
         }
@@ -163,29 +170,68 @@ impl Loader {
                     .iter()
                     .find(|(bundled, _)| bundled == name)
                     .ok_or_else(|| SourceError::UnknownBundled(name.clone()))?;
-                self.load_bytes(&origin, bytes)
+                self.load_bytes(&origin, bytes, Provenance::Bundled)
             }
             ComponentSource::Path(path) => {
-                let bytes = std::fs::read(path).map_err(|source| SourceError::Read {
-                    path: path.clone(),
-                    source,
-                })?;
-                self.load_bytes(&origin, &bytes)
+                let read = |path: &Path| {
+                    std::fs::read(path).map_err(|source| SourceError::Read {
+                        path: path.to_owned(),
+                        source,
+                    })
+                };
+                let bytes = read(path)?;
+                let signature = match read(&signature_path(path)) {
+                    Ok(text) => Some(String::from_utf8_lossy(&text).into_owned()),
+                    Err(SourceError::Read { source, .. })
+                        if source.kind() == std::io::ErrorKind::NotFound =>
+                    {
+                        None
+                    }
+                    Err(error) => return Err(error),
+                };
+                let provenance = self.admit(&origin, &bytes, signature.as_deref())?;
+                self.load_bytes(&origin, &bytes, provenance)
             }
         }
     }
 
-    pub fn load_bytes(&self, origin: &str, bytes: &[u8]) -> Result<Arc<Connector>, SourceError> {
-        let digest = sha256_hex(bytes);
-        if let Some(loaded) = self.by_digest.lock().expect("loader lock").get(&digest) {
+    /// Whether `[connectors.trust]` lets a component of `bytes` load, with its detached
+    /// signature if it has one. Without the table, everything does.
+    pub fn admit(
+        &self,
+        origin: &str,
+        bytes: &[u8],
+        signature: Option<&str>,
+    ) -> Result<Provenance, SourceError> {
+        match &self.trust {
+            None => Ok(Provenance::Unchecked),
+            Some(trust) => trust
+                .admit(bytes, &sha256_hex(bytes), signature)
+                .map_err(|source| SourceError::Untrusted {
+                    origin: origin.to_owned(),
+                    source,
+                }),
+        }
+    }
+
+    /// Compiles and validates a component already admitted as `provenance`.
+    pub fn load_bytes(
+        &self,
+        origin: &str,
+        bytes: &[u8],
+        provenance: Provenance,
+    ) -> Result<Arc<Connector>, SourceError> {
+        let key = format!("{} {provenance:?}", sha256_hex(bytes));
+        if let Some(loaded) = self.by_digest.lock().expect("loader lock").get(&key) {
             return Ok(Arc::clone(loaded));
         }
-        let connector = load_connector(&self.runtime, origin, bytes)?;
+        let mut connector = load_connector(&self.runtime, origin, bytes)?;
+        connector.provenance = provenance;
         let connector = Arc::new(connector);
         self.by_digest
             .lock()
             .expect("loader lock")
-            .insert(digest, Arc::clone(&connector));
+            .insert(key, Arc::clone(&connector));
         Ok(connector)
     }
 }
@@ -207,7 +253,15 @@ pub fn load_connector(
     Ok(Connector {
         manifest,
         guest: Arc::new(guest),
+        provenance: Provenance::Unchecked,
     })
+}
+
+/// Where a component's detached signature lives: `NAME.wasm.minisig`, as minisign writes it.
+pub fn signature_path(component: &Path) -> PathBuf {
+    let mut name = component.as_os_str().to_owned();
+    name.push(".minisig");
+    PathBuf::from(name)
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {

@@ -60,6 +60,7 @@ fn connectors(runtime: &Runtime) -> Vec<Arc<Connector>> {
             Arc::new(Connector {
                 manifest,
                 guest: Arc::clone(&guest),
+                provenance: crate::catalog::trust::Provenance::Unchecked,
             })
         })
         .collect()
