@@ -18,6 +18,18 @@ fn admin_config(vendor: &MockVendor) -> GatewayConfig {
     config
 }
 
+/// `GET /metrics` with the admin token.
+pub async fn metrics(gateway: &GatewayProcess) -> String {
+    let response = reqwest::Client::new()
+        .get(format!("{}/metrics", base(gateway)))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    response.text().await.unwrap()
+}
+
 fn base(gateway: &GatewayProcess) -> String {
     gateway.url.trim_end_matches("/mcp").to_owned()
 }

@@ -11,7 +11,7 @@ use crate::support::browser::Browser;
 use crate::support::gateway::Key;
 use crate::support::{GatewayConfig, GatewayProcess, McpClient, MockVendor, RawMcp};
 
-const OWNER: &str = "obo_test_acme_owner";
+pub const OWNER: &str = "obo_test_acme_owner";
 /// A prod key that names the destructive tool verbatim, with the approvals scope.
 pub const AGENT: &str = "obk_prod_agent";
 /// Another key of the same workspace.

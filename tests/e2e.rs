@@ -17,6 +17,9 @@
 //! - `stateless`: MCP 2026-07-28 without sessions: `server/discover`, the revision's header
 //!   checks and codes, caching hints, `subscriptions/listen`, rmcp in discover mode.
 //! - `conformance`: the official `@modelcontextprotocol/conformance` suite against a gateway.
+//! - `redaction`: a scenario of every kind of call, an approval, errors and a hot-load with
+//!   canary secrets everywhere they can enter, and none in the JSON log, metrics, errors or
+//!   receipts.
 //! - `hotload`: components added, replaced and removed on a running gateway (the watched
 //!   directory, the admin API, `obol connectors`), a retry across versions, 100 swaps under
 //!   load, signed and pinned components (`[connectors.trust]`, interoperating with minisign).
@@ -37,6 +40,7 @@ mod lifecycle;
 mod policy;
 mod progressive;
 mod python_client;
+mod redaction;
 mod redis_store;
 mod sandboxing;
 mod stateless;

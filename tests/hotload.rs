@@ -341,16 +341,14 @@ async fn a_retry_across_a_hot_upgrade_replays_and_is_never_resent_by_the_new_ver
         .unwrap();
     assert_eq!(third.is_error, Some(false));
     assert_eq!(vendor.received(), 3);
-    let receipts = crate::idempotency::receipts(&gateway).await;
-    let versions: Vec<&str> = receipts["receipts"]
-        .as_array()
-        .unwrap()
+    let receipts = crate::lifecycle::receipts(&gateway, TOKEN).await;
+    let versions: Vec<&str> = receipts
         .iter()
         .filter_map(|r| r["connector_version"].as_str())
         .collect();
     assert!(
         versions.contains(&V1) && versions.contains(&V2),
-        "{receipts}"
+        "{receipts:?}"
     );
 }
 
@@ -458,15 +456,7 @@ async fn a_hundred_swaps_under_load_lose_no_call() {
         calls.extend(worker.await.unwrap());
     }
     // Every replaced version was dropped with its last call: the three served remain.
-    let metrics = reqwest::Client::new()
-        .get(format!("{}/metrics", gateway.url.trim_end_matches("/mcp")))
-        .bearer_auth(ADMIN)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = crate::admin::metrics(&gateway).await;
     assert!(
         metrics.contains("\nobol_components_in_memory 3\n"),
         "{}",

@@ -22,6 +22,22 @@ use obol::runtime::Runtime;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Log lines as text (the default) or as one JSON object per line (`timestamp`, `level`,
+    /// `target`, `fields`).
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        env = "OBOL_LOG_FORMAT",
+        default_value = "text"
+    )]
+    log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -358,17 +374,22 @@ fn main() -> ExitCode {
     use tracing_subscriber::util::SubscriberInitExt;
     let filter = tracing_subscriber::EnvFilter::try_from_env("OBOL_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let output = tracing_subscriber::fmt::layer()
-        .with_writer(move || obol::names::LogWriter::new(std::io::stderr(), colours))
-        .with_ansi(colours);
+    let heard =
+        tracing_subscriber::filter::filter_fn(|event| !obol::names::silenced(event.target()));
+    // Both formats write through the one escaping writer; JSON escapes control characters in
+    // its strings itself, so the writer only ever sees them in text lines.
+    let output = match cli.log_format {
+        LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_writer(move || obol::names::LogWriter::new(std::io::stderr(), colours))
+            .with_ansi(colours)
+            .boxed(),
+        LogFormat::Json => tracing_subscriber::fmt::layer()
+            .json()
+            .with_writer(|| obol::names::LogWriter::new(std::io::stderr(), false))
+            .boxed(),
+    };
     tracing_subscriber::registry()
-        .with(
-            output
-                .with_filter(filter)
-                .with_filter(tracing_subscriber::filter::filter_fn(|event| {
-                    !obol::names::silenced(event.target())
-                })),
-        )
+        .with(output.with_filter(filter).with_filter(heard))
         .init();
     match run(cli.command) {
         Ok(code) => code,
