@@ -167,6 +167,48 @@ fn obol_check_prints_a_manifest_and_refuses_each_misfit_specifically() {
     let (code, _, err) = run_obol(&["check", "/nonexistent.wasm"]);
     assert_ne!(code, 0);
     assert!(err.contains("/nonexistent.wasm"), "{err}");
+
+    // The same report as JSON.
+    let (code, out, err) = run_obol(&["check", "--json", guests::PAYMENTS]);
+    assert_eq!(code, 0, "{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["sha256"], json!(digest));
+    assert_eq!(report["signature"], serde_json::Value::Null);
+    let refund = report["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "stripe.create_refund")
+        .unwrap();
+    assert_eq!(refund["statuses"]["accepted"], json!(["200-299"]));
+    assert!(
+        refund["propagation"]
+            .as_str()
+            .unwrap()
+            .eq_ignore_ascii_case("header:idempotency-key"),
+        "{refund}"
+    );
+}
+
+/// `obol completions bash` is a script bash loads, completing `obol`'s real subcommands.
+#[test]
+fn shell_completions_load_in_bash() {
+    let (code, script, err) = run_obol(&["completions", "bash"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        script.contains("connectors") && script.contains("completions"),
+        "{script}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("obol.bash");
+    std::fs::write(&file, script).unwrap();
+    let loaded = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(format!("source {file:?} && complete -p obol"))
+        .output()
+        .unwrap();
+    let registered = String::from_utf8_lossy(&loaded.stdout);
+    assert!(registered.contains("-F _obol obol"), "{registered}");
 }
 
 #[test]
@@ -220,6 +262,8 @@ async fn a_restart_loads_compiled_components_from_the_cache() {
         "{}",
         first.log()
     );
+    // Compiling at start shows its progress.
+    assert!(first.log().contains(" of 3 ready in "), "{}", first.log());
     let dir = first.kill();
     let second = GatewayProcess::start_in(&config, dir);
     let log = second.log();

@@ -608,11 +608,49 @@ async fn obol_upstreams_shows_the_derived_effect_spec_of_each_tool() {
         ),
     )
     .unwrap();
+    let json_config = config.clone();
     let (code, stdout, stderr) = tokio::task::spawn_blocking(move || {
         crate::support::gateway::run_obol(&["upstreams", "--config", config.to_str().unwrap()])
     })
     .await
     .unwrap();
+    // The same findings as JSON, for scripts.
+    let (json_code, json_out, _) = tokio::task::spawn_blocking(move || {
+        crate::support::gateway::run_obol(&[
+            "upstreams",
+            "--json",
+            "--config",
+            json_config.to_str().unwrap(),
+        ])
+    })
+    .await
+    .unwrap();
+    assert_eq!(json_code, 1);
+    let found: Value = serde_json::from_str(&json_out).unwrap();
+    let up = found
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|u| u["connection"] == "up-main")
+        .unwrap();
+    assert_eq!(up["protocol"], json!("2025-06-18"));
+    let write = up["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "up.write")
+        .unwrap();
+    assert_eq!(write["destructive"], json!(true));
+    assert_eq!(write["propagation"], json!("unsupported"));
+    assert!(
+        found
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|u| u["connection"] == "gone" && u["up"] == json!(false)),
+        "{json_out}"
+    );
+    assert!(!json_out.contains(URL_SECRET));
     assert_eq!(code, 1, "one upstream is down: {stdout}\n{stderr}");
     assert!(
         stdout.contains("acme/up-main (prefix up, prod): protocol 2025-06-18"),

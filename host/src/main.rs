@@ -1,5 +1,6 @@
-//! The `obol` command: `serve`, `check`, `receipts`, `keys hash|create|list|revoke`,
-//! `policies publish|list`, `approvals keygen`.
+//! The `obol` command: `serve`, `check`, `upstreams`, `receipts`,
+//! `keys hash|mint|create|list|revoke`, `policies publish|list`, `approvals keygen`,
+//! `connectors list|add|replace|remove|keygen|sign|verify`, `store migrate`, `completions`.
 
 use std::io::Read;
 use std::net::SocketAddr;
@@ -32,6 +33,26 @@ struct Cli {
         default_value = "text"
     )]
     log_format: LogFormat,
+    /// Print what a read command found as JSON (`check`, `upstreams`; the admin API's
+    /// commands always answer JSON).
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+/// How a read command prints what it found.
+#[derive(Clone, Copy)]
+enum Output {
+    Text,
+    Json,
+}
+
+impl Output {
+    fn of(json: bool) -> Output {
+        match json {
+            true => Output::Json,
+            false => Output::Text,
+        }
+    }
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -81,6 +102,9 @@ enum Command {
         /// Show one receipt instead of listing.
         id: Option<String>,
     },
+    /// Print a shell completion script: `source <(obol completions bash)`, or write it where
+    /// your shell loads completions from.
+    Completions { shell: clap_complete::Shell },
     /// Manage virtual keys.
     Keys {
         #[command(subcommand)]
@@ -321,36 +345,118 @@ fn admin_call(
     })
 }
 
-/// `obol check`'s signature line: who signed the component, and, with a config, whether its
-/// `[connectors.trust]` admits it.
-fn signed_by(
+/// What `obol check` says of a component: digest, contract, signature (and, with a config,
+/// whether its `[connectors.trust]` admits it), and every tool's whole EffectSpec.
+fn check_report(
+    connector: &obol::catalog::Connector,
     bytes: &[u8],
-    digest: &str,
     signature: Option<&str>,
     config: Option<PathBuf>,
-) -> anyhow::Result<String> {
+) -> anyhow::Result<serde_json::Value> {
     use obol::catalog::trust::{Provenance, signature_key_id, trusted_comment};
-    let signed = match signature {
-        None => "signature: none".to_owned(),
-        Some(text) => match (signature_key_id(text), trusted_comment(text)) {
-            (Ok(id), Ok(comment)) => format!("signature: key id {id} ({comment})"),
-            (Err(error), _) | (_, Err(error)) => format!("signature: unreadable: {error}"),
+    use serde_json::json;
+    let digest = &connector.guest.digest;
+    let signed = signature.map(
+        |text| match (signature_key_id(text), trusted_comment(text)) {
+            (Ok(key_id), Ok(comment)) => json!({ "key_id": key_id, "trusted_comment": comment }),
+            (Err(error), _) | (_, Err(error)) => json!({ "unreadable": error.to_string() }),
         },
+    );
+    let trust = match config {
+        None => None,
+        Some(path) => Some(match &Config::load(&path)?.trust {
+            None => "the config has no [connectors.trust]: it would load unchecked".to_owned(),
+            Some(trust) => match trust.admit(bytes, digest, signature) {
+                Ok(Provenance::Signed { publisher, .. }) => {
+                    format!("signed by {publisher}: trusted")
+                }
+                Ok(Provenance::Pinned) => "pinned by sha256: trusted".to_owned(),
+                Ok(other) => format!("{other:?}"),
+                Err(error) => format!("REFUSED: {error}"),
+            },
+        }),
     };
-    let Some(path) = config else {
-        return Ok(signed);
+    let m = &connector.manifest;
+    let tools: Vec<serde_json::Value> = m
+        .tools
+        .iter()
+        .map(|tool| {
+            let e = &tool.effect;
+            let route = match e.broker {
+                Some(broker) => format!("federated({})", broker.label()),
+                None => e.route.label().to_owned(),
+            };
+            let statuses: serde_json::Map<String, serde_json::Value> = e
+                .statuses
+                .classes()
+                .into_iter()
+                .map(|(class, ranges)| (class.to_owned(), json!(ranges)))
+                .collect();
+            json!({
+                "name": format!("{}.{}", m.name, tool.upstream_name),
+                "route": route,
+                "destructive": e.destructive,
+                "statuses": statuses,
+                "propagation": String::from(e.propagation.pinned()),
+                "output_schema": e.output_schema.is_some(),
+                "body_rules": e.body_rules.len(),
+            })
+        })
+        .collect();
+    Ok(json!({
+        "name": m.name.as_str(),
+        "version": m.version,
+        "sha256": digest,
+        "contract": connector.guest.contract.label(),
+        "signature": signed,
+        "trust": trust,
+        "tools": tools,
+    }))
+}
+
+/// `obol check`'s text: the report, one fact per line.
+fn print_check(report: &serde_json::Value) {
+    let text = |value: &serde_json::Value| match value {
+        serde_json::Value::String(text) => text.clone(),
+        other => other.to_string(),
     };
-    let config = Config::load(&path)?;
-    let verdict = match &config.trust {
-        None => "the config has no [connectors.trust]: it would load unchecked".to_owned(),
-        Some(trust) => match trust.admit(bytes, digest, signature) {
-            Ok(Provenance::Signed { publisher, .. }) => format!("signed by {publisher}: trusted"),
-            Ok(Provenance::Pinned) => "pinned by sha256: trusted".to_owned(),
-            Ok(other) => format!("{other:?}"),
-            Err(error) => format!("REFUSED: {error}"),
-        },
-    };
-    Ok(format!("{signed}\n  trust:    {verdict}"))
+    println!("{} {}", text(&report["name"]), text(&report["version"]));
+    println!("  sha256:   {}", text(&report["sha256"]));
+    println!("  contract: {}", text(&report["contract"]));
+    let signature = &report["signature"];
+    match (
+        signature["key_id"].as_str(),
+        signature["unreadable"].as_str(),
+    ) {
+        (Some(key_id), _) => println!(
+            "  signature: key id {key_id} ({})",
+            text(&signature["trusted_comment"])
+        ),
+        (None, Some(why)) => println!("  signature: unreadable: {why}"),
+        (None, None) => println!("  signature: none"),
+    }
+    if let Some(trust) = report["trust"].as_str() {
+        println!("  trust:    {trust}");
+    }
+    for tool in report["tools"].as_array().into_iter().flatten() {
+        let statuses: Vec<String> = tool["statuses"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(class, ranges)| {
+                let ranges: Vec<String> =
+                    ranges.as_array().into_iter().flatten().map(text).collect();
+                format!("{class} {}", ranges.join(", "))
+            })
+            .collect();
+        println!("  {}", text(&tool["name"]));
+        println!("    route:         {}", text(&tool["route"]));
+        println!("    destructive:   {}", text(&tool["destructive"]));
+        println!("    statuses:      {}", statuses.join("; "));
+        println!("    propagation:   {}", text(&tool["propagation"]));
+        println!("    output_schema: {}", text(&tool["output_schema"]));
+        println!("    body_rules:    {}", text(&tool["body_rules"]));
+    }
 }
 
 /// Writes a new secret file, readable by its owner only; never over an existing one.
@@ -391,7 +497,7 @@ fn main() -> ExitCode {
     tracing_subscriber::registry()
         .with(output.with_filter(filter).with_filter(heard))
         .init();
-    match run(cli.command) {
+    match run(cli.command, Output::of(cli.json)) {
         Ok(code) => code,
         Err(error) => {
             eprintln!("obol: {error:#}");
@@ -402,10 +508,11 @@ fn main() -> ExitCode {
 
 /// `obol upstreams`: lists each upstream as the gateway would at start, and prints what it
 /// derived. Exits 1 when an upstream could not be listed (the reason is on stderr).
-async fn show_upstreams(config: &Config) -> anyhow::Result<ExitCode> {
+async fn show_upstreams(config: &Config, output: Output) -> anyhow::Result<ExitCode> {
     use obol::upstream::{Target, UpstreamId, Upstreams};
+    use serde_json::json;
     let (upstreams, _signals) = Upstreams::new(&config.outbound)?;
-    let mut all_listed = true;
+    let mut found = Vec::new();
     for workspace in &config.workspaces {
         for connection in &workspace.connections {
             let id = UpstreamId {
@@ -420,56 +527,88 @@ async fn show_upstreams(config: &Config) -> anyhow::Result<ExitCode> {
                 .await;
             let version = upstreams.protocol_version(&id).await;
             let listed = upstreams.snapshot().remove(&id).unwrap_or_default();
-            println!(
-                "{}/{} (prefix {}, {}): {}",
-                workspace.id,
-                connection.id,
-                target.upstream.prefix,
-                connection.environment.as_str(),
-                match (&listed.tools, &version) {
-                    (Some(_), Some(version)) if !listed.down => format!("protocol {version}"),
-                    _ => "DOWN: not listed (see the log line above)".to_owned(),
-                }
-            );
-            if listed.down {
-                all_listed = false;
-                continue;
-            }
-            for tool in listed.tools.iter().flat_map(|tools| tools.iter()) {
-                let effect = &tool.effect;
-                let errors = match target.upstream.tools.get(&tool.upstream_name) {
-                    Some(declared)
-                        if declared.error_results == obol::config::ErrorResults::AreRejections =>
-                    {
-                        "rejected"
-                    }
-                    _ => "may_have_acted",
-                };
-                let safety = match (effect.destructive, connection.environment) {
-                    (true, obol::policy::Environment::Prod) => {
-                        "destructive: held for approval, hidden from glob keys"
-                    }
-                    (true, _) => "destructive (held in prod)",
-                    (false, _) => "read-only",
+            let prefix = &target.upstream.prefix;
+            let tools: Vec<serde_json::Value> = listed
+                .tools
+                .iter()
+                .flat_map(|tools| tools.iter())
+                .filter(|_| !listed.down)
+                .map(|tool| {
+                    let effect = &tool.effect;
+                    let errors = match target.upstream.tools.get(&tool.upstream_name) {
+                        Some(declared)
+                            if declared.error_results
+                                == obol::config::ErrorResults::AreRejections =>
+                        {
+                            "rejected"
+                        }
+                        _ => "may_have_acted",
+                    };
+                    let safety = match (effect.destructive, connection.environment) {
+                        (true, obol::policy::Environment::Prod) => {
+                            "destructive: held for approval, hidden from glob keys"
+                        }
+                        (true, _) => "destructive (held in prod)",
+                        (false, _) => "read-only",
+                    };
+                    json!({
+                        "name": format!("{prefix}.{}", tool.upstream_name),
+                        "safety": safety,
+                        "destructive": effect.destructive,
+                        "propagation": effect.propagation.label(),
+                        "is_error": errors,
+                        "output_schema": effect.output_schema.is_some(),
+                    })
+                })
+                .collect();
+            found.push(json!({
+                "workspace": workspace.id,
+                "connection": connection.id,
+                "prefix": prefix,
+                "environment": connection.environment.as_str(),
+                "protocol": version.filter(|_| listed.tools.is_some() && !listed.down),
+                "up": listed.tools.is_some() && !listed.down,
+                "tools": tools,
+            }));
+        }
+    }
+    match output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(&found)?),
+        Output::Text => {
+            for upstream in &found {
+                let state = match upstream["protocol"].as_str() {
+                    Some(version) => format!("protocol {version}"),
+                    None => "DOWN: not listed (see the log line above)".to_owned(),
                 };
                 println!(
-                    "  {}.{}  {safety}; route=mcp propagation={} (never resent after a send) is_error={errors} output_schema={}",
-                    target.upstream.prefix,
-                    tool.upstream_name,
-                    effect.propagation.label(),
-                    effect.output_schema.is_some()
+                    "{}/{} (prefix {}, {}): {state}",
+                    upstream["workspace"].as_str().unwrap_or_default(),
+                    upstream["connection"].as_str().unwrap_or_default(),
+                    upstream["prefix"].as_str().unwrap_or_default(),
+                    upstream["environment"].as_str().unwrap_or_default(),
                 );
+                for tool in upstream["tools"].as_array().into_iter().flatten() {
+                    println!(
+                        "  {}  {}; route=mcp propagation={} (never resent after a send) is_error={} output_schema={}",
+                        tool["name"].as_str().unwrap_or_default(),
+                        tool["safety"].as_str().unwrap_or_default(),
+                        tool["propagation"].as_str().unwrap_or_default(),
+                        tool["is_error"].as_str().unwrap_or_default(),
+                        tool["output_schema"],
+                    );
+                }
             }
         }
     }
-    Ok(if all_listed {
+    let all_up = found.iter().all(|upstream| upstream["up"] == json!(true));
+    Ok(if all_up {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
     })
 }
 
-fn run(command: Command) -> anyhow::Result<ExitCode> {
+fn run(command: Command, output: Output) -> anyhow::Result<ExitCode> {
     match command {
         Command::Serve { config, listen } => {
             let mut config = Config::load(&config)?;
@@ -505,35 +644,10 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
                     return Ok(ExitCode::from(2));
                 }
             };
-            let m = &connector.manifest;
-            println!("{} {}", m.name, m.version);
-            println!("  sha256:   {}", connector.guest.digest);
-            println!("  contract: {}", connector.guest.contract.label());
-            println!(
-                "  {}",
-                signed_by(
-                    &bytes,
-                    &connector.guest.digest,
-                    signature.as_deref(),
-                    config
-                )?
-            );
-            for tool in &m.tools {
-                let e = &tool.effect;
-                let route = match e.broker {
-                    Some(broker) => format!("federated({})", broker.label()),
-                    None => e.route.label().to_owned(),
-                };
-                println!("  {}.{}", m.name, tool.upstream_name);
-                println!("    route:         {route}");
-                println!("    destructive:   {}", e.destructive);
-                println!("    statuses:      {}", e.statuses.describe());
-                println!(
-                    "    propagation:   {}",
-                    String::from(e.propagation.pinned())
-                );
-                println!("    output_schema: {}", e.output_schema.is_some());
-                println!("    body_rules:    {}", e.body_rules.len());
+            let report = check_report(&connector, &bytes, signature.as_deref(), config)?;
+            match output {
+                Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+                Output::Text => print_check(&report),
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -545,7 +659,12 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
                 .enable_all()
                 .build()?;
             runtime.block_on(async {
+                // Progress on stderr, the answer on stdout.
+                eprintln!("obol store migrate: opening the store");
                 let store = obol::server::open_store(&config.store).await?;
+                eprintln!(
+                    "obol store migrate: checking for older capability records and live gateways of another layout"
+                );
                 match obol::store::layout::migrate(&store, obol::clock::now_ms()).await {
                     Ok(migrated) => {
                         println!(
@@ -568,12 +687,17 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
                 }
             })
         }
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(shell, &mut Cli::command(), "obol", &mut std::io::stdout());
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Upstreams { config } => {
             let config = Config::load(&config)?;
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
-            runtime.block_on(show_upstreams(&config))
+            runtime.block_on(show_upstreams(&config, output))
         }
         Command::Receipts {
             url,

@@ -223,18 +223,9 @@ impl StatusClasses {
         }
     }
 
-    /// The classes as `obol check` prints them: `accepted 200-299; retryable 429, 500-599`
-    /// (any status none of them names is unknown).
-    pub fn describe(&self) -> String {
-        let ranges = |list: &[RangeInclusive<u16>]| {
-            list.iter()
-                .map(|r| match r.start() == r.end() {
-                    true => r.start().to_string(),
-                    false => format!("{}-{}", r.start(), r.end()),
-                })
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
+    /// Each class that names a status, with its ranges (`200-299`, `429`); a status none of
+    /// them names is unknown.
+    pub fn classes(&self) -> Vec<(&'static str, Vec<String>)> {
         [
             ("accepted", &self.accepted),
             ("definitely_rejected", &self.definitely_rejected),
@@ -242,9 +233,17 @@ impl StatusClasses {
         ]
         .into_iter()
         .filter(|(_, list)| !list.is_empty())
-        .map(|(name, list)| format!("{name} {}", ranges(list)))
-        .collect::<Vec<_>>()
-        .join("; ")
+        .map(|(name, list)| {
+            let ranges = list
+                .iter()
+                .map(|r| match r.start() == r.end() {
+                    true => r.start().to_string(),
+                    false => format!("{}-{}", r.start(), r.end()),
+                })
+                .collect();
+            (name, ranges)
+        })
+        .collect()
     }
 
     fn new(tool: &str, spec: &wit::EffectSpec) -> Result<StatusClasses, ManifestError> {

@@ -89,10 +89,35 @@ impl Loader {
 
     /// Loads the configured sources; any failure is fatal, since the operator named them.
     pub fn load_configured(&self) -> Result<Vec<Arc<Connector>>, SourceError> {
-        self.sources
-            .iter()
-            .map(|source| self.load_source(source))
+        self.load_each(&self.sources)
+            .into_iter()
+            .map(|(_, loaded)| loaded)
             .collect()
+    }
+
+    /// Loads each source, by origin, with a progress line for each that took an operator's
+    /// wait (compiling at start, a new version); what was loaded before is silent.
+    fn load_each(
+        &self,
+        sources: &[ComponentSource],
+    ) -> Vec<(String, Result<Arc<Connector>, SourceError>)> {
+        let total = sources.len();
+        let mut loaded = Vec::with_capacity(total);
+        for (done, source) in sources.iter().enumerate() {
+            let started = std::time::Instant::now();
+            let result = self.load_source(source);
+            let took = started.elapsed();
+            if took >= std::time::Duration::from_millis(100) {
+                tracing::info!(
+                    "component {} of {total} ready in {} ms: {}",
+                    done + 1,
+                    took.as_millis(),
+                    origin_of(source)
+                );
+            }
+            loaded.push((origin_of(source), result));
+        }
+        loaded
     }
 
     /// Loads everything for a (re)build of the catalog. Failures are reported, not fatal: a
@@ -100,20 +125,14 @@ impl Loader {
     pub fn load_all(&self) -> (Vec<Arc<Connector>>, Vec<String>) {
         let mut connectors = Vec::new();
         let mut problems = Vec::new();
-        let mut origins: Vec<(String, Result<Arc<Connector>, SourceError>)> = self
-            .sources
-            .iter()
-            .map(|s| (origin_of(s), self.load_source(s)))
-            .collect();
+        let mut sources = self.sources.clone();
         if let Some(dir) = &self.dir {
             match wasm_files(dir) {
-                Ok(paths) => origins.extend(paths.into_iter().map(|path| {
-                    let source = ComponentSource::Path(path);
-                    (origin_of(&source), self.load_source(&source))
-                })),
+                Ok(paths) => sources.extend(paths.into_iter().map(ComponentSource::Path)),
                 Err(error) => problems.push(format!("{}: {error}", dir.display())),
             }
         }
+        let origins = self.load_each(&sources);
         let mut last_good = self.last_good.lock().expect("loader lock");
         // A source that is gone (a removed file) is forgotten, so its version can be dropped.
         last_good.retain(|origin, _| origins.iter().any(|(seen, _)| seen == origin));
