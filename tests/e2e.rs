@@ -16,6 +16,8 @@
 //! - `progressive`: progressive mode (`search_tools`, `call_tool`) through rmcp's client.
 //! - `stateless`: MCP 2026-07-28 without sessions: `server/discover`, the revision's header
 //!   checks and codes, caching hints, `subscriptions/listen`, rmcp in discover mode.
+//! - `console`: the operator console in headless Chromium: an owner's charts, receipts and
+//!   pending approvals; the admin's connectors and keys pages, which an owner may not see.
 //! - `conformance`: the official `@modelcontextprotocol/conformance` suite against a gateway.
 //! - `redaction`: a scenario of every kind of call, an approval, errors and a hot-load with
 //!   canary secrets everywhere they can enter, and none in the JSON log, metrics, errors or
@@ -33,6 +35,7 @@ mod approvals;
 mod brokers;
 mod capabilities;
 mod conformance;
+mod console;
 mod hostile;
 mod hotload;
 mod idempotency;

@@ -448,10 +448,16 @@ async fn list_keys(State(gateway): State<Arc<Gateway>>, headers: HeaderMap) -> R
     if let Err(refused) = authorize(&gateway, &headers) {
         return *refused;
     }
-    let stored = match gateway.services.store.registry(Registry::Keys).await {
-        Ok(stored) => stored,
-        Err(cause) => return store_unavailable("listing keys", &cause),
-    };
+    match keys_listing(&gateway).await {
+        Ok(keys) => axum::Json(json!({ "keys": keys })).into_response(),
+        Err(cause) => store_unavailable("listing keys", &cause),
+    }
+}
+
+/// Every key, from the config and the admin API: names, workspaces, scopes and globs, never
+/// a hash.
+pub async fn keys_listing(gateway: &Gateway) -> Result<Vec<serde_json::Value>, StoreError> {
+    let stored = gateway.services.store.registry(Registry::Keys).await?;
     let describe = |spec: &KeySpec, source: &str, revoked_at_ms: Option<u64>| {
         json!({
             "name": spec.name,
@@ -484,7 +490,7 @@ async fn list_keys(State(gateway): State<Arc<Gateway>>, headers: HeaderMap) -> R
             keys.push(describe(&record.spec, "admin", record.revoked_at_ms));
         }
     }
-    axum::Json(json!({ "keys": keys })).into_response()
+    Ok(keys)
 }
 
 async fn revoke_key(

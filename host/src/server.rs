@@ -121,7 +121,8 @@ pub async fn serve(config: Config, listener: TcpListener) -> anyhow::Result<()> 
     let app = mcp::router(Arc::clone(&gateway))
         .merge(crate::admin::router(Arc::clone(&gateway)))
         .merge(http::router(Arc::clone(&gateway)))
-        .merge(http::inbox::router(Arc::clone(&gateway)));
+        .merge(http::inbox::router(Arc::clone(&gateway)))
+        .merge(http::console::router(Arc::clone(&gateway)));
     let catalog = gateway.catalog();
     tracing::info!(
         %address,

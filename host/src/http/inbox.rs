@@ -17,7 +17,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::{Form, Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
 
@@ -26,6 +26,8 @@ use crate::clock::now_ms;
 use crate::error::ObolError;
 use crate::gateway::Gateway;
 use crate::store::StoreError;
+
+use super::page::{age, constant_time_eq, cookie, escape, html, random_hex, redirect};
 
 const COOKIE: &str = "obol_owner";
 const SESSION_TTL: Duration = Duration::from_secs(8 * 3600);
@@ -53,12 +55,6 @@ struct OwnerSession {
 
 const SESSION_PREFIX: &str = "ows1";
 
-fn random_hex() -> String {
-    let mut bytes = [0u8; 32];
-    getrandom::fill(&mut bytes).expect("the OS random source is available");
-    hex::encode(bytes)
-}
-
 impl OwnerSession {
     fn open(approvals: &ApprovalDesk, workspace: &str) -> Option<String> {
         let session = OwnerSession {
@@ -78,17 +74,6 @@ impl OwnerSession {
             && constant_time_eq(current.as_bytes(), session.cred.as_bytes()))
         .then_some(session)
     }
-}
-
-fn cookie<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(k, _)| *k == name)
-        .map(|(_, v)| v)
 }
 
 pub fn router(gateway: Arc<Gateway>) -> Router {
@@ -372,54 +357,6 @@ fn unavailable(during: &str, cause: &StoreError) -> Response {
     )
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-fn redirect(to: &str) -> Response {
-    let mut response = StatusCode::SEE_OTHER.into_response();
-    response
-        .headers_mut()
-        .insert(header::LOCATION, HeaderValue::from_str(to).expect("ASCII"));
-    response
-}
-
-fn html(status: StatusCode, body: &str) -> Response {
-    let mut response = (status, body.to_owned()).into_response();
-    let headers = response.headers_mut();
-    for (name, value) in [
-        (header::CONTENT_TYPE, "text/html; charset=utf-8"),
-        (
-            header::CONTENT_SECURITY_POLICY,
-            "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'",
-        ),
-        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
-        // `same-origin`, not `no-referrer`: with the latter a browser sends `Origin: null` on
-        // its own form posts, which the origin check must refuse.
-        (header::REFERRER_POLICY, "same-origin"),
-        (header::CACHE_CONTROL, "no-store"),
-        (header::X_FRAME_OPTIONS, "DENY"),
-    ] {
-        headers.insert(name, HeaderValue::from_static(value));
-    }
-    response
-}
-
-fn escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
 fn shell(title: &str, body: &str) -> String {
     format!(
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Obol · {}</title>\
@@ -445,15 +382,6 @@ fn login_page(next: &str, problem: Option<&str>) -> String {
             escape(next)
         ),
     )
-}
-
-fn age(created_at_ms: u64, now: u64) -> String {
-    let secs = now.saturating_sub(created_at_ms) / 1000;
-    match secs {
-        0..60 => format!("{secs} s ago"),
-        60..3600 => format!("{} min ago", secs / 60),
-        _ => format!("{} h ago", secs / 3600),
-    }
 }
 
 fn inbox_page(

@@ -17,7 +17,9 @@
 //! [`ObolError::to_rest_response`]: the same envelope `/mcp` sends (`docs/errors.md`). The
 //! inbox answers a browser, so it renders HTML pages instead.
 
+pub mod console;
 pub mod inbox;
+mod page;
 
 use std::sync::Arc;
 

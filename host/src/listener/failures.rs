@@ -45,7 +45,8 @@ impl Endpoint {
     fn of(path: &str) -> Endpoint {
         if path == "/mcp" {
             Endpoint::Mcp
-        } else if path.starts_with("/inbox") {
+        } else if path.starts_with("/inbox") || path.starts_with("/console") {
+            // The pages a person signs in to share one budget.
             Endpoint::Inbox
         } else if path.starts_with("/v1/admin") || path == "/metrics" {
             Endpoint::Admin
@@ -57,7 +58,7 @@ impl Endpoint {
     fn as_str(self) -> &'static str {
         match self {
             Endpoint::Mcp => "/mcp",
-            Endpoint::Inbox => "the inbox",
+            Endpoint::Inbox => "the inbox and console",
             Endpoint::Admin => "the admin API",
             Endpoint::Rest => "the REST routes",
         }
@@ -162,7 +163,8 @@ impl Failures {
 }
 
 /// Whether a request presented a credential: a bearer token, an owner session cookie, or the
-/// inbox's sign-in form. A request without one that is refused is a clumsy client, not a guess.
+/// inbox's or console's sign-in form. A request without one that is refused is a clumsy
+/// client, not a guess.
 fn presents_credentials(request: &Request) -> bool {
     let headers = request.headers();
     headers.contains_key(header::AUTHORIZATION)
@@ -170,7 +172,8 @@ fn presents_credentials(request: &Request) -> bool {
             .get_all(header::COOKIE)
             .iter()
             .any(|cookie| cookie.as_bytes().windows(11).any(|w| w == b"obol_owner="))
-        || (request.method() == Method::POST && request.uri().path() == "/inbox/login")
+        || (request.method() == Method::POST
+            && matches!(request.uri().path(), "/inbox/login" | "/console/login"))
 }
 
 /// Refuses a source with no failure left; counts the request's refused credential.
@@ -234,6 +237,7 @@ mod tests {
     fn endpoints_are_told_apart_by_path() {
         assert_eq!(Endpoint::of("/mcp"), Endpoint::Mcp);
         assert_eq!(Endpoint::of("/inbox/login"), Endpoint::Inbox);
+        assert_eq!(Endpoint::of("/console/login"), Endpoint::Inbox);
         assert_eq!(Endpoint::of("/v1/admin/keys"), Endpoint::Admin);
         // Wrong admin tokens against /metrics share the admin API's budget.
         assert_eq!(Endpoint::of("/metrics"), Endpoint::Admin);
