@@ -25,6 +25,8 @@
 //! - `hotload`: components added, replaced and removed on a running gateway (the watched
 //!   directory, the admin API, `obol connectors`), a retry across versions, 100 swaps under
 //!   load, signed and pinned components (`[connectors.trust]`, interoperating with minisign).
+//! - `telemetry`: OpenTelemetry export (the `otlp` feature) to an OTLP/HTTP receiver on
+//!   loopback: a tool call's spans continue the client's trace and carry nothing secret.
 //! - `upstreams`: remote MCP servers (`kind = "mcp"`): a misbehaving mock and the official
 //!   reference server, through the same lifecycle.
 
@@ -47,6 +49,7 @@ mod redaction;
 mod redis_store;
 mod sandboxing;
 mod stateless;
+mod telemetry;
 mod tools;
 mod transport;
 mod upstreams;

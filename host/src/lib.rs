@@ -53,4 +53,5 @@ pub mod runtime;
 pub mod sandbox;
 pub mod server;
 pub mod store;
+pub mod telemetry;
 pub mod upstream;

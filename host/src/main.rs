@@ -494,8 +494,21 @@ fn main() -> ExitCode {
             .with_writer(|| obol::names::LogWriter::new(std::io::stderr(), false))
             .boxed(),
     };
+    // Spans to an OpenTelemetry collector, when the build has `otlp` and the endpoint is set.
+    #[cfg(feature = "otlp")]
+    let (exporter, _exporting) = match obol::telemetry::otlp_layer() {
+        Ok(Some((layer, exporting))) => (Some(layer), Some(exporting)),
+        Ok(None) => (None, None),
+        Err(error) => {
+            eprintln!("obol: OTLP export: {error:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    #[cfg(not(feature = "otlp"))]
+    let exporter: Option<Box<dyn Layer<_> + Send + Sync>> = None;
     tracing_subscriber::registry()
         .with(output.with_filter(filter).with_filter(heard))
+        .with(exporter)
         .init();
     match run(cli.command, Output::of(cli.json)) {
         Ok(code) => code,

@@ -136,13 +136,14 @@ struct MethodLabels {
     method: RpcMethod,
 }
 
+/// A tool call as the metrics (and the call's trace span) name it: nothing a client chose.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct CallLabels {
-    connection: String,
-    tool: String,
+pub struct CallLabels {
+    pub connection: String,
+    pub tool: String,
     /// The outcome class of a result (`accepted`, `definitely_rejected`, `unknown`), or the
     /// error's type (`not_ready`, `store_unavailable`, …; `error` for the plain JSON-RPC ones).
-    outcome: &'static str,
+    pub outcome: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -327,7 +328,7 @@ impl Metrics {
         workspace: &str,
         name: Option<&str>,
         result: &Result<Value, ObolError>,
-    ) {
+    ) -> CallLabels {
         let (connection, tool) = name
             .and_then(|name| catalog.route(workspace, name))
             .map_or_else(
@@ -358,13 +359,13 @@ impl Metrics {
                 error.wire().kind.unwrap_or("error")
             }
         };
-        self.tool_calls
-            .get_or_create(&CallLabels {
-                connection,
-                tool,
-                outcome,
-            })
-            .inc();
+        let labels = CallLabels {
+            connection,
+            tool,
+            outcome,
+        };
+        self.tool_calls.get_or_create(&labels).inc();
+        labels
     }
 
     pub fn attempt(&self, connection: &str) {

@@ -44,6 +44,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Map, Value};
+use tracing::Instrument;
 
 use crate::approvals::ApprovalGrant;
 use crate::catalog::Catalog;
@@ -54,6 +55,7 @@ use crate::outbound::Outbound;
 use crate::policy::VirtualKey;
 use crate::runtime::Runtime;
 use crate::store::Store;
+use crate::telemetry::phase_span;
 use dispatch::Planned;
 
 #[cfg(test)]
@@ -139,13 +141,19 @@ pub async fn invoke(
         .get("name")
         .and_then(Value::as_str)
         .map(str::to_owned);
+    let span = crate::telemetry::call_span(request.trace_id.as_ref());
     // Every phase either hands its value to the next or answers the call itself.
     let answer = lifecycle(services, catalog, key, request)
+        .instrument(span.clone())
         .await
         .unwrap_or_else(|answered| answered);
-    services
-        .metrics
-        .tool_call(catalog, &key.workspace, name.as_deref(), &answer.result);
+    let labels =
+        services
+            .metrics
+            .tool_call(catalog, &key.workspace, name.as_deref(), &answer.result);
+    span.record("tool", labels.tool.as_str());
+    span.record("connection", labels.connection.as_str());
+    span.record("outcome", labels.outcome);
     answer
 }
 
@@ -166,7 +174,7 @@ async fn lifecycle(
     let task = Arc::clone(services);
     services
         .owned
-        .spawn(async move { from_the_claim(&task, planned).await })
+        .spawn(async move { from_the_claim(&task, planned).await }.in_current_span())
         .await
         .unwrap_or_else(|failed| {
             // The panic's message may carry values from the call: only its task is named.
@@ -177,15 +185,25 @@ async fn lifecycle(
 
 async fn from_the_claim(services: &Services, planned: Planned) -> Result<Answer, Answer> {
     let timer = PhaseTimer::start(&services.metrics);
-    let claimed = planned.claim(services).await; // or: replay, conflict, not ready, held
+    let claimed = planned
+        .claim(services) // or: replay, conflict, not ready, held
+        .instrument(phase_span("claim"))
+        .await;
     let timer = timer.lap(Phase::claim);
-    let reserved = claimed?.reserve(services).await?;
-    let sent = reserved.send(services).await;
-    let classified = attempt::retry_once(services, sent.classify()).await;
-    let observed = classified.observed(services).await?; // or: released, nothing was sent
-    let rendered = observed.render(services).await;
+    let rendered = async {
+        let reserved = claimed?.reserve(services).await?;
+        let sent = reserved.send(services).await;
+        let classified = attempt::retry_once(services, sent.classify()).await;
+        let observed = classified.observed(services).await?; // or: released, nothing was sent
+        Ok::<_, Answer>(observed.render(services).await)
+    }
+    .instrument(phase_span("dispatch"))
+    .await?;
     let timer = timer.lap(Phase::dispatch);
-    let finalized = rendered.finalize(services).await; // or: not ready, kept and retried
+    let finalized = rendered
+        .finalize(services) // or: not ready, kept and retried
+        .instrument(phase_span("finalize"))
+        .await;
     timer.lap(Phase::finalize);
     Ok(finalized?.respond())
 }

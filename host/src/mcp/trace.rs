@@ -4,17 +4,26 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// A trace id: 32 lowercase hex digits, not all zero.
+/// A trace id (32 lowercase hex digits, not all zero), with the client's span it came from
+/// (16 hex digits), so the gateway's spans can continue the client's trace.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TraceId(String);
+pub struct TraceId {
+    trace: String,
+    parent: String,
+}
 
 impl TraceId {
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.trace
+    }
+
+    /// The client's span: the parent of the gateway's.
+    pub fn parent_span(&self) -> &str {
+        &self.parent
     }
 
     pub fn into_string(self) -> String {
-        self.0
+        self.trace
     }
 }
 
@@ -54,7 +63,10 @@ fn parse(text: &str) -> Option<TraceId> {
     if !hex(trace, 32) || zero(trace) || !hex(parent, 16) || zero(parent) || !hex(flags, 2) {
         return None;
     }
-    Some(TraceId(trace.to_owned()))
+    Some(TraceId {
+        trace: trace.to_owned(),
+        parent: parent.to_owned(),
+    })
 }
 
 #[cfg(test)]
