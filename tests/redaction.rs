@@ -164,6 +164,10 @@ async fn no_secret_reaches_a_log_line_a_metric_an_error_body_or_a_receipt() {
     // Everything the gateway let out.
     let metrics = crate::admin::metrics(&gateway).await;
     assert!(metrics.contains("obol_tool_calls_total"), "{metrics}");
+    assert!(
+        metrics.contains(r#"obol_approvals_total{state="approved"} 1"#),
+        "{metrics}"
+    );
     let mut receipts = Vec::new();
     for token in [CANARY_KEY, crate::approvals::AGENT] {
         let listed = crate::lifecycle::receipts(&gateway, token).await;

@@ -33,6 +33,15 @@ async fn a_client_lists_both_connectors_and_calls_through_the_first_dot() {
         refund.annotations.as_ref().unwrap().destructive_hint,
         Some(true)
     );
+    // Issue 16: a tool without effect says so; a write, destructive or not, does not.
+    let read_only = |name: &str| {
+        let tool = tools.iter().find(|t| t.name == name).unwrap();
+        tool.annotations.as_ref().unwrap().read_only_hint
+    };
+    assert_eq!(read_only("stripe.charges.list"), Some(true));
+    assert_eq!(read_only("tracker.issues.get"), Some(true));
+    assert_eq!(read_only("stripe.create_refund"), Some(false));
+    assert_eq!(read_only("tracker.issues.create"), Some(false));
     let get = tools
         .iter()
         .find(|t| t.name == "tracker.issues.get")

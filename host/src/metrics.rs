@@ -121,6 +121,7 @@ pub enum ApprovalState {
     held,
     approved,
     denied,
+    expired,
 }
 
 /// Whether a reload of the connector directory changed the catalog.
@@ -353,6 +354,7 @@ impl Metrics {
                     ObolError::IdempotencyConflict => self.found(Found::conflict),
                     ObolError::NotReady => self.found(Found::not_ready),
                     ObolError::ApprovalRequired(_) => self.approval(ApprovalState::held),
+                    ObolError::ApprovalExpired => self.approval(ApprovalState::expired),
                     ObolError::StoreUnavailable => self.store_error(),
                     _ => {}
                 }
@@ -444,6 +446,24 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn approvals_are_counted_by_state_and_expiry_too() {
+        let metrics = Metrics::default();
+        let catalog = crate::catalog::Catalog::default();
+        metrics.tool_call(&catalog, "acme", None, &Err(ObolError::ApprovalExpired));
+        metrics.tool_call(&catalog, "acme", None, &Err(ObolError::ApprovalExpired));
+        metrics.approval(ApprovalState::approved);
+        let text = metrics.render(&[], 0);
+        assert!(
+            text.contains(r#"obol_approvals_total{state="expired"} 2"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"obol_approvals_total{state="approved"} 1"#),
+            "{text}"
+        );
+    }
 
     #[test]
     fn a_method_outside_the_allowlist_is_unknown() {

@@ -556,6 +556,18 @@ pub struct EffectSpec {
     pub body_rules: Vec<BodyRule>,
 }
 
+impl EffectSpec {
+    /// Whether the tool has no effect: the gateway sends the request itself (native), there
+    /// is nothing for the vendor to deduplicate (propagation `none`), and it is not
+    /// destructive. A federated tool's propagation is `none` because the broker builds the
+    /// request, so it may still write.
+    pub fn read_only(&self) -> bool {
+        self.route == RouteKind::Native
+            && self.propagation == Propagation::None
+            && !self.destructive
+    }
+}
+
 #[derive(Debug)]
 pub struct ToolSpec {
     /// The unprefixed name the component knows the tool by.

@@ -490,6 +490,7 @@ fn render_listing(name: &ToolName, tool: &ToolSpec) -> Box<RawValue> {
         "description": tool.description,
         "inputSchema": tool.input_schema.source,
         "annotations": {
+            "readOnlyHint": effect.read_only(),
             "destructiveHint": effect.destructive,
             "openWorldHint": true,
         },
