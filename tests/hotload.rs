@@ -241,6 +241,13 @@ async fn the_admin_api_adds_replaces_and_removes_and_refuses_with_the_reason() {
         .unwrap();
     assert_eq!(tracker_version(&result), V2);
 
+    // A second file providing the same connector would serve once the first is gone: a
+    // remove takes both (review finding).
+    std::fs::copy(
+        guests::TRACKER,
+        gateway.connectors_dir().join("z-tracker-copy.wasm"),
+    )
+    .unwrap();
     let (code, removed) = obol(&gateway, &["connectors", "remove", "tracker"]);
     assert_eq!(code, 0, "{removed}");
     let (code, message, _) = client
@@ -248,7 +255,47 @@ async fn the_admin_api_adds_replaces_and_removes_and_refuses_with_the_reason() {
         .await;
     assert_eq!((code, message.as_str()), (-32602, "Unknown tool"));
     assert!(!gateway.connectors_dir().join("tracker.wasm").exists());
+    assert!(
+        !gateway
+            .connectors_dir()
+            .join("z-tracker-copy.wasm")
+            .exists()
+    );
+
+    // An add never overwrites a file that holds another connector (review finding).
+    std::fs::copy(guests::NANGO, gateway.connectors_dir().join("tracker.wasm")).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !listed(&gateway).await.to_string().contains("\"nango\"") {
+        assert!(Instant::now() < deadline, "{}", gateway.log());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (status, refused) = upload(&gateway, None, guests::TRACKER).await;
+    assert_eq!(status, 409, "{refused}");
+    assert!(listed(&gateway).await.to_string().contains("\"nango\""));
     client.close().await;
+}
+
+/// Review finding: a slot held for approval under one connector version was held again for
+/// a retry under the next, so the owner could approve a call no version could then send.
+#[tokio::test]
+async fn a_call_held_under_another_version_is_a_conflict_not_a_new_approval() {
+    let vendor = MockVendor::start().await;
+    let mut config = crate::approvals::prod_config(&vendor);
+    config.components = vec![guests::TRACKER.into(), guests::HOSTILE.into()];
+    config.connectors_dir = true;
+    config.extra = format!("\n[admin]\ntoken_hash = \"{}\"\n", key_hash(ADMIN));
+    let gateway = GatewayProcess::start(&config);
+    let (status, added) = upload(&gateway, None, guests::PAYMENTS).await;
+    assert_eq!(status, 200, "{added}");
+    let k = crate::idempotency::key("held-upgrade");
+    let args = json!({"charge": "ch_42", "amount": 500});
+    crate::approvals::held(&gateway, &k, args.clone()).await;
+    let (status, upgraded) = upload(&gateway, Some("stripe"), guests::PAYMENTS_NEXT).await;
+    assert_eq!(status, 200, "{upgraded}");
+    let client = McpClient::with_key(&gateway.url, crate::approvals::AGENT, &k).await;
+    let (_, _, data) = client.call_err("stripe.create_refund", args).await;
+    assert_eq!(data.unwrap()["type"], json!("idempotency_conflict"));
+    assert!(vendor.seen().is_empty());
 }
 
 /// A call finished before a hot upgrade replays after it; an unknown outcome is never resent

@@ -242,7 +242,6 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
             "/v1/admin/connectors/{name}",
             axum::routing::put(replace_connector).delete(remove_connector),
         )
-        .layer(axum::extract::DefaultBodyLimit::max(MAX_COMPONENT_BYTES))
         .with_state(gateway)
 }
 
@@ -260,11 +259,15 @@ async fn list_connectors(State(gateway): State<Arc<Gateway>>, headers: HeaderMap
 async fn add_connector(
     State(gateway): State<Arc<Gateway>>,
     headers: HeaderMap,
-    body: axum::body::Bytes,
+    body: axum::body::Body,
 ) -> Response {
     if let Err(refused) = authorize(&gateway, &headers) {
         return *refused;
     }
+    let body = match component_body(body).await {
+        Ok(body) => body,
+        Err(refused) => return *refused,
+    };
     let signature = match uploaded_signature(&headers) {
         Ok(signature) => signature,
         Err(refused) => return *refused,
@@ -278,11 +281,15 @@ async fn replace_connector(
     State(gateway): State<Arc<Gateway>>,
     headers: HeaderMap,
     Path(name): Path<String>,
-    body: axum::body::Bytes,
+    body: axum::body::Body,
 ) -> Response {
     if let Err(refused) = authorize(&gateway, &headers) {
         return *refused;
     }
+    let body = match component_body(body).await {
+        Ok(body) => body,
+        Err(refused) => return *refused,
+    };
     let Ok(name) = crate::catalog::ConnectorName::parse(&name) else {
         return ObolError::NotFound("connector").to_rest_response();
     };
@@ -306,6 +313,19 @@ async fn remove_connector(
         return ObolError::NotFound("connector").to_rest_response();
     };
     installed(crate::hotload::remove(&gateway, &name).await)
+}
+
+/// An upload's body, read only once the admin token was checked (an anonymous client cannot
+/// make the gateway buffer 32 MiB), and at most that.
+async fn component_body(body: axum::body::Body) -> Result<axum::body::Bytes, Box<Response>> {
+    axum::body::to_bytes(body, MAX_COMPONENT_BYTES)
+        .await
+        .map_err(|_| {
+            Box::new(invalid(format!(
+                "a component is at most {} MiB",
+                MAX_COMPONENT_BYTES >> 20
+            )))
+        })
 }
 
 /// An upload's detached signature: the `.minisig` file's text, base64 in `Obol-Signature`.

@@ -1339,7 +1339,14 @@ impl Config {
             },
             components,
             connectors_dir: file.connectors.dir.map(|p| resolve(&p)),
-            reload_interval: file.connectors.reload_interval_ms.map(ms),
+            reload_interval: match file.connectors.reload_interval_ms {
+                Some(0) => {
+                    return Err(invalid(
+                        "[connectors] reload_interval_ms must be at least 1 (or absent: the directory is watched)".into(),
+                    ));
+                }
+                interval => interval.map(ms),
+            },
             trust: match file.connectors.trust {
                 None => None,
                 Some(trust) => Some(parse_trust(trust, &resolve).map_err(invalid)?),
@@ -1417,6 +1424,11 @@ impl Config {
                 cache_bytes: match file.store.cache_mib {
                     None => crate::store::DEFAULT_CACHE_BYTES,
                     Some(0) => return Err(invalid("[store] cache_mib must be at least 1".into())),
+                    Some(mib) if mib > 1 << 20 => {
+                        return Err(invalid(
+                            "[store] cache_mib is at most 1048576 (1 TiB)".into(),
+                        ));
+                    }
                     Some(mib) => mib << 20,
                 },
             },

@@ -109,7 +109,10 @@ async fn on_the_loader_thread<T: Send + 'static>(
             .name("obol-loader".into())
             .spawn(move || {
                 for job in jobs {
-                    job();
+                    // A job that panics must not take hot-loading down with it.
+                    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)).is_err() {
+                        tracing::error!("a component load or catalog rebuild panicked");
+                    }
                 }
             })
             .expect("spawn the loader thread");
@@ -150,7 +153,7 @@ pub fn list(gateway: &Gateway) -> Vec<Listed> {
             version: connector.manifest.version.clone(),
             digest: connector.guest.digest.clone(),
             contract: connector.guest.contract.label(),
-            source: match gateway.loader.origin_of(&connector.guest.digest) {
+            source: match gateway.loader.origin_of(connector) {
                 Some(Origin::Bundled) => "bundled",
                 Some(Origin::Configured) => "configured",
                 Some(Origin::Directory(_)) | None => "directory",
@@ -245,7 +248,16 @@ pub async fn install(
             ));
         }
         (Upload::Replace, Some((_, Origin::Directory(path)))) => path.clone(),
-        (Upload::Add, None) => dir.join(format!("{name}.wasm")),
+        (Upload::Add, None) => {
+            let target = dir.join(format!("{name}.wasm"));
+            // The file name is the connector's, but the file may hold another connector.
+            if gateway.loader.keeps(&target) {
+                return Err(ObolError::Conflict(
+                    "the directory's file of this name holds another connector",
+                ));
+            }
+            target
+        }
     };
     let previous = std::fs::read(&target).ok();
     let signature_file = signature_path(&target);
@@ -267,11 +279,12 @@ pub async fn install(
         .is_some_and(|(serving, _)| serving.guest.digest == connector.guest.digest);
     if !serving {
         // The snapshot refused it: put back what was there, and say why.
+        let quoted = format!("\"{name}\"");
         let why = gateway
             .catalog()
             .problems
             .iter()
-            .find(|problem| problem.contains(name.as_str()))
+            .find(|problem| problem.contains(&quoted))
             .cloned()
             .unwrap_or_else(|| "the catalog did not take it".into());
         let _ = match &previous_signature {
@@ -310,13 +323,22 @@ pub async fn remove(gateway: &Arc<Gateway>, name: &ConnectorName) -> Result<Inst
         Some((connector, Origin::Directory(path))) => (connector, path),
     };
     let started = Instant::now();
-    std::fs::remove_file(&path)
-        .and_then(|()| remove_if_present(&signature_path(&path)))
-        .map_err(|error| {
-            tracing::warn!("removing {}: {error}", path.display());
-            ObolError::Internal
-        })?;
-    reload(gateway).await;
+    let mut path = path;
+    // Another file of the directory may provide the same connector (the first in name order
+    // serves): it would serve next, so it goes too.
+    for _ in 0..64 {
+        std::fs::remove_file(&path)
+            .and_then(|()| remove_if_present(&signature_path(&path)))
+            .map_err(|error| {
+                tracing::warn!("removing {}: {error}", path.display());
+                ObolError::Internal
+            })?;
+        reload(gateway).await;
+        match served(gateway, name) {
+            Some((_, Origin::Directory(next))) => path = next,
+            _ => break,
+        }
+    }
     tracing::info!(connector = %name, "component removed through the admin API");
     Ok(Installed {
         name: name.to_string(),
@@ -338,7 +360,7 @@ fn directory(gateway: &Gateway) -> Result<PathBuf, ObolError> {
 /// The component serving `name` in the current snapshot, and where it came from.
 fn served(gateway: &Gateway, name: &ConnectorName) -> Option<(Arc<Connector>, Origin)> {
     let connector = gateway.catalog().connectors.get(name).cloned()?;
-    let origin = gateway.loader.origin_of(&connector.guest.digest)?;
+    let origin = gateway.loader.origin_of(&connector)?;
     Some((connector, origin))
 }
 
@@ -355,9 +377,15 @@ fn write_atomically(target: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     let dir = target.parent().unwrap_or(Path::new("."));
     let file_name = target.file_name().unwrap_or_default().to_string_lossy();
-    // A dot-file with another extension: the directory scan skips it.
-    let staged = dir.join(format!(".{file_name}.partial"));
-    let mut file = std::fs::File::create(&staged)?;
+    // A dot-file with another extension (the directory scan skips it), of a name no other
+    // writer (another gateway sharing the directory) can be using.
+    let mut unique = [0u8; 8];
+    getrandom::fill(&mut unique).expect("the OS random source is available");
+    let staged = dir.join(format!(".{file_name}.{}.partial", hex::encode(unique)));
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&staged)?;
     file.write_all(bytes)?;
     file.sync_all()?;
     std::fs::rename(&staged, target)?;

@@ -803,7 +803,12 @@ fn run(command: Command, output: Output) -> anyhow::Result<ExitCode> {
             };
             // The component and, when it has one, its detached signature.
             let upload = |path: &PathBuf| -> anyhow::Result<Body> {
-                let signature = std::fs::read_to_string(obol::catalog::signature_path(path)).ok();
+                let signature_file = obol::catalog::signature_path(path);
+                let signature = match std::fs::read_to_string(&signature_file) {
+                    Ok(text) => Some(text),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                    Err(e) => anyhow::bail!("{}: {e}", signature_file.display()),
+                };
                 Ok(Body::Wasm(read(path)?, signature))
             };
             match command {

@@ -159,17 +159,28 @@ impl Loader {
         (connectors, problems)
     }
 
+    /// Whether the last load kept a connector from `path` (a file that loads, or a broken one
+    /// whose last good version still serves).
+    pub fn keeps(&self, path: &Path) -> bool {
+        let origin = path.display().to_string();
+        self.last_good
+            .lock()
+            .expect("loader lock")
+            .contains_key(&origin)
+    }
+
     /// The watched directory, when there is one.
     pub fn dir(&self) -> Option<&Path> {
         self.dir.as_deref()
     }
 
-    /// Where the component with `digest` that the last load kept came from.
-    pub fn origin_of(&self, digest: &str) -> Option<Origin> {
+    /// Where a connector the last load kept came from (that very one: two files may hold the
+    /// same bytes).
+    pub fn origin_of(&self, connector: &Arc<Connector>) -> Option<Origin> {
         let last_good = self.last_good.lock().expect("loader lock");
         let (origin, _) = last_good
             .iter()
-            .find(|(_, connector)| connector.guest.digest == digest)?;
+            .find(|(_, kept)| Arc::ptr_eq(kept, connector))?;
         let configured = self
             .sources
             .iter()

@@ -31,9 +31,10 @@ use crate::store::{OutcomeClass, Receipt, StoreError};
 const COOKIE: &str = "obol_console";
 const SESSION_PREFIX: &str = "ocs1";
 const SESSION_TTL: Duration = Duration::from_secs(8 * 3600);
-/// The most receipts one page lists, and the most the charts read (the last hour's).
+/// The most receipts one page lists, and the most the charts and filters read (the newest;
+/// a page says when the last hour held more).
 const LISTED: usize = 200;
-const CHARTED: usize = 5000;
+const CHARTED: usize = 2000;
 const MINUTE_MS: u64 = 60_000;
 
 /// Who is looking.
@@ -181,6 +182,7 @@ async fn overview(
     let minutes = per_minute(&receipts, now);
     let total: usize = minutes.iter().map(Minute::calls).sum();
     let mut body = workspace_picker(&session, &gateway, &workspace, "/console");
+    body.push_str(&truncated(&receipts, now));
     let _ = write!(
         body,
         "<h2>Last hour in {ws}</h2><p id=\"calls-total\">{total} calls</p>\
@@ -250,7 +252,7 @@ async fn receipts(
         .parse::<u64>()
         .ok()
         .filter(|m| *m > 0)
-        .map(|m| now.saturating_sub(m * MINUTE_MS));
+        .map(|m| now.saturating_sub(m.saturating_mul(MINUTE_MS)));
     let shown: Vec<&Receipt> = listed
         .iter()
         .filter(|r| filter.key.is_empty() || r.key_name.as_deref() == Some(filter.key.trim()))
@@ -260,6 +262,7 @@ async fn receipts(
         .take(LISTED)
         .collect();
     let mut body = workspace_picker(&session, &gateway, &workspace, "/console/receipts");
+    body.push_str(&truncated(&listed, now));
     let selected = |value: &str| match filter.outcome == value {
         true => " selected",
         false => "",
@@ -670,6 +673,23 @@ fn workspace_picker(
         })
         .collect();
     format!("<p id=\"workspaces\">Workspace: {}</p>", links.join(" · "))
+}
+
+/// A note when the receipts read (the newest [`CHARTED`]) do not reach back an hour: the
+/// charts and filters then cover less than they say.
+fn truncated(receipts: &[Receipt], now: u64) -> String {
+    match receipts.last() {
+        Some(oldest)
+            if receipts.len() >= CHARTED
+                && oldest.created_at_ms > now.saturating_sub(60 * MINUTE_MS) =>
+        {
+            format!(
+                "<p id=\"truncated\" role=\"note\">Only the newest {CHARTED} receipts are read: they reach back {}.</p>",
+                age(oldest.created_at_ms, now)
+            )
+        }
+        _ => String::new(),
+    }
 }
 
 fn not_yours(session: &ConsoleSession) -> Response {

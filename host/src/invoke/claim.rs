@@ -284,6 +284,11 @@ impl Planned {
                     return self.answered(ObolError::IdempotencyConflict, Some(&existing));
                 }
                 match grant {
+                    // Held for another connector version's request: an approval of it could
+                    // never be spent by this one (see `take`), so it is not asked for again.
+                    None if existing.pin != self.pin => {
+                        self.answered(ObolError::IdempotencyConflict, Some(&existing))
+                    }
                     None => self.held(services, &existing).await,
                     Some(grant) if grant.approval_id != *approval_id => self.answered(
                         ObolError::ApprovalMismatch("another approval holds this call"),

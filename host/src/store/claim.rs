@@ -146,6 +146,15 @@ impl From<StoredPin> for Pin {
     }
 }
 
+/// The destination a fingerprint names, whichever release wrote it: an approval token or a
+/// ticket written before the version had a field of its own carries it in the fingerprint.
+pub fn destination_of(fingerprint: &str) -> std::borrow::Cow<'_, str> {
+    match split_legacy_version(fingerprint) {
+        Some((destination, _)) => std::borrow::Cow::Owned(destination),
+        None => std::borrow::Cow::Borrowed(fingerprint),
+    }
+}
+
 /// `NAME@VERSION` followed by an upper-case method and an `http(s)://` origin: the only place
 /// an old component fingerprint put the version (a capability's fingerprint ends with one).
 fn split_legacy_version(fingerprint: &str) -> Option<(String, String)> {
@@ -532,6 +541,15 @@ mod tests {
                 (unchanged, None)
             );
         }
+        // An approval token's destination from before this format names the same destination.
+        assert_eq!(
+            destination_of("stripe stripe@0.1.0 POST http://127.0.0.1:9 charges.create"),
+            "stripe stripe POST http://127.0.0.1:9 charges.create"
+        );
+        assert_eq!(
+            destination_of("gateway search_tools for abc"),
+            "gateway search_tools for abc"
+        );
         // And a new pin reads back as written.
         let new = Pin::new(
             RequestHash::of_arguments(&serde_json::json!({})),

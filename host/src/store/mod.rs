@@ -26,7 +26,7 @@ use crate::idempotency::IdempotencyKey;
 
 pub use claim::{
     ApprovalBasis, Claim, ClaimRecord, ClaimState, HeldFor, Holder, Opening, OutcomeClass, Pin,
-    PinnedBinding, StoredOutcome,
+    PinnedBinding, StoredOutcome, destination_of,
 };
 pub use embedded::{DEFAULT_CACHE_BYTES, EmbeddedStore};
 pub use redis::RedisStore;

@@ -1054,13 +1054,15 @@ impl RedisStore {
             .zrevrange(format!("obol:receipts:{workspace}"), 0, limit as isize - 1)
             .await
             .map_err(failed)?;
-        let mut out = Vec::with_capacity(ids.len());
-        for id in ids {
-            if let Some(receipt) = self.receipt(workspace, &id).await? {
-                out.push(receipt);
-            }
-        }
-        Ok(out)
+        // Many reads in flight on the multiplexed connection, not one round trip after another
+        // (the console reads thousands), answered in the order asked.
+        use futures_util::StreamExt;
+        let read: Vec<Result<Option<Receipt>, StoreError>> = futures_util::stream::iter(ids)
+            .map(|id| async move { self.receipt(workspace, &id).await })
+            .buffered(64)
+            .collect()
+            .await;
+        read.into_iter().filter_map(Result::transpose).collect()
     }
 
     /// A registry write (a key, a revocation, a publication) counts once acknowledged, like a

@@ -196,7 +196,8 @@ async fn plan(
     };
     // An approval for one destination or one set of arguments cannot be spent on another.
     if let Some(grant) = &routed.parsed.grant
-        && (grant.request_hash != pin.request_hash || grant.destination != pin.fingerprint)
+        && (grant.request_hash != pin.request_hash
+            || crate::store::destination_of(&grant.destination) != pin.fingerprint)
     {
         return Err(ObolError::IdempotencyConflict);
     }
