@@ -377,8 +377,10 @@ async fn visibility_follows_reach_and_no_eligible_route_names_only_the_capabilit
     progressive.close().await;
 
     // Arguments the card refuses are refused before any provider is asked.
-    let (code, message, _) = router.call_err("cap.refund", json!({"payment": 1})).await;
-    assert_eq!(code, -32602, "{message}");
+    let (_, obol) = router
+        .call_refused("cap.refund", json!({"payment": 1}))
+        .await;
+    assert_eq!(obol["error"], json!("invalid_arguments"));
 
     // POST /v1/route answers the decision without dispatching (scope `route`).
     let ask = |token: &'static str| {

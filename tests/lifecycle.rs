@@ -331,14 +331,13 @@ async fn every_call_answer_names_its_idempotency_key() {
         .expect("minted key header")
         .to_owned();
     assert!(minted.starts_with("idt_"));
+    let refused = &invalid.message()["result"];
+    assert_eq!(refused["isError"], json!(true), "{invalid:?}");
     assert_eq!(
-        invalid.message()["error"]["data"]["type"],
+        refused["_meta"]["obol"]["error"],
         json!("invalid_arguments")
     );
-    assert_eq!(
-        invalid.message()["error"]["data"]["idempotency_key"],
-        json!(minted)
-    );
+    assert_eq!(refused["_meta"]["obol"]["idempotency_key"], json!(minted));
     // Unknown tool: the header, and the very same body as ever.
     let unknown = call(json!({"name": "nope.nothing"})).await;
     assert!(unknown.header("idempotency-key").is_some());
@@ -560,8 +559,13 @@ async fn numbers_a_double_cannot_carry_are_refused_not_collided() {
     // As a fraction it parses to the same double as 2^53: the call that used to replay the
     // first one's result. (As an integer it was already hashed exactly.)
     let inexact = call(r#"{"n": 9007199254740993.0}"#).await;
-    assert_eq!(inexact.error_type(), "invalid_arguments", "{inexact:?}");
-    let message = inexact.message()["error"]["data"]["message"].to_string();
+    let refused = &inexact.message()["result"];
+    assert_eq!(
+        refused["_meta"]["obol"]["error"],
+        json!("invalid_arguments"),
+        "{inexact:?}"
+    );
+    let message = refused["content"].to_string();
     assert!(
         message.contains("/n") && !message.contains("9007199254740993"),
         "{message}"

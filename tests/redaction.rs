@@ -82,8 +82,9 @@ async fn no_secret_reaches_a_log_line_a_metric_an_error_body_or_a_receipt() {
         ("nope.tool", json!({"api_key": CANARY_ARG})),
         (CANARY_ARG, json!({})),
     ] {
-        let (code, message, data) = client.call_err(tool, arguments).await;
-        error_bodies.push(format!("{code} {message} {data:?}"));
+        // Invalid arguments answer a tool error result, an unknown tool a protocol error.
+        let answered = client.call(tool, arguments).await;
+        error_bodies.push(format!("{answered:?}"));
     }
     let junk = raw
         .request(

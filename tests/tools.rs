@@ -170,15 +170,19 @@ async fn arguments_are_checked_against_the_input_schema_before_the_component() {
     let vendor = MockVendor::start().await;
     let gateway = GatewayProcess::start(&GatewayConfig::new(&vendor.base_url()));
     let client = McpClient::connect(&gateway.url, TOKEN).await;
-    let (code, _, data) = client
-        .call_err("stripe.create_refund", json!({"amount": "lots"}))
+    // Issue 16 (MCP 2025-11-25, SEP-1303): a tool execution error the model can read and
+    // correct, not a JSON-RPC protocol error; the key is echoed for the retry.
+    let (text, obol) = client
+        .call_refused("stripe.create_refund", json!({"amount": "lots"}))
         .await;
-    assert_eq!(code, -32602);
-    let data = data.expect("an invalid-arguments error explains itself");
-    assert_eq!(data["type"], json!("invalid_arguments"));
+    assert_eq!(obol["error"], json!("invalid_arguments"));
+    assert!(text.contains("charge"), "{text}");
     assert!(
-        data["message"].as_str().unwrap().contains("charge"),
-        "{data}"
+        obol["idempotency_key"]
+            .as_str()
+            .unwrap()
+            .starts_with("idt_"),
+        "{obol}"
     );
     assert!(vendor.seen().is_empty());
     client.close().await;

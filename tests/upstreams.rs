@@ -127,8 +127,8 @@ async fn upstream_tools_join_the_catalog_under_their_prefix_and_run_through_the_
     assert!(!text.contains(URL_SECRET) && !text.contains(UPSTREAM_TOKEN));
 
     // Arguments are checked against the upstream's input schema before anything is sent.
-    let (code, message, _) = client.call_err("up.echo", json!({"text": 5})).await;
-    assert_eq!(code, -32602, "{message}");
+    let (_, obol) = client.call_refused("up.echo", json!({"text": 5})).await;
+    assert_eq!(obol["error"], json!("invalid_arguments"));
     assert_eq!(upstream.calls_to("echo"), 1);
     assert_no_secrets(&gateway, &[]);
 }

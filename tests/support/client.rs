@@ -128,6 +128,28 @@ impl McpClient {
         }
     }
 
+    /// A call the tool refused as a tool execution error (`isError: true`, such as arguments
+    /// it cannot accept): its text and its `_meta.obol`.
+    pub async fn call_refused(&self, name: &str, arguments: Value) -> (String, Value) {
+        let result = self
+            .call(name, arguments)
+            .await
+            .unwrap_or_else(|e| panic!("expected a tool error result from {name}, got {e:?}"));
+        assert_eq!(result.is_error, Some(true), "{result:?}");
+        let text = result
+            .content
+            .iter()
+            .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let meta = result
+            .meta
+            .as_ref()
+            .map(|m| Value::Object(m.0.clone()))
+            .unwrap_or_default();
+        (text, meta["obol"].clone())
+    }
+
     pub async fn close(self) {
         let _ = self.service.cancel().await;
     }

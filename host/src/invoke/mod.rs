@@ -125,6 +125,29 @@ impl Answer {
             identity,
         }
     }
+
+    /// Arguments the tool cannot accept are a tool execution error the model reads and
+    /// corrects (MCP 2025-11-25, SEP-1303), not a protocol error: a `CallToolResult` with
+    /// `isError: true` whose text is the error's message (JSON pointers and schema rules, never
+    /// a value). Nothing was claimed; the effective key is echoed for a retry.
+    fn invalid_arguments_as_tool_error(self) -> Answer {
+        let Err(error @ ObolError::InvalidArguments(_)) = &self.result else {
+            return self;
+        };
+        let mut obol = serde_json::json!({ "error": error.wire().kind });
+        if let Some(identity) = &self.identity {
+            obol["idempotency_key"] = identity.key.as_str().into();
+        }
+        let result = serde_json::json!({
+            "content": [{ "type": "text", "text": error.to_string() }],
+            "isError": true,
+            "_meta": { "obol": obol },
+        });
+        Answer {
+            result: Ok(result),
+            identity: self.identity,
+        }
+    }
 }
 
 /// Runs one tool call.
@@ -154,7 +177,7 @@ pub async fn invoke(
     span.record("tool", labels.tool.as_str());
     span.record("connection", labels.connection.as_str());
     span.record("outcome", labels.outcome);
-    answer
+    answer.invalid_arguments_as_tool_error()
 }
 
 async fn lifecycle(
