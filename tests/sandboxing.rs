@@ -277,3 +277,36 @@ async fn a_restart_loads_compiled_components_from_the_cache() {
     let client = McpClient::connect(&second.url, TOKEN).await;
     still_serving(&client).await;
 }
+
+/// Found while checking error messages: `obol serve --config obol.toml` (a config in the
+/// working directory) failed to open the store ("obol.redb.journal: No such file").
+#[test]
+fn a_config_in_the_working_directory_serves() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("obol.toml"),
+        "[connectors]\ncomponents = [\"bundled:stripe\"]\n[[workspaces]]\nid = \"w\"\n",
+    )
+    .unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_obol"))
+        .args(["serve", "--config", "obol.toml", "--listen", "127.0.0.1:0"])
+        .current_dir(dir.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let _ = child.kill();
+    let output = child.wait_with_output().unwrap();
+    assert!(
+        line.starts_with("obol listening on"),
+        "{line}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(dir.path().join("obol.redb").is_file());
+}

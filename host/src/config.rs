@@ -1022,7 +1022,13 @@ impl Config {
             path: path.to_owned(),
             source,
         })?;
-        let base = path.parent().unwrap_or(Path::new("."));
+        // `obol.toml` has the empty path as its parent: relative paths are the working
+        // directory's then, and an empty one names no directory to open (the store's
+        // journal failed on it).
+        let base = match path.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => parent,
+            _ => Path::new("."),
+        };
         Config::parse(&text, base).map_err(|e| match e {
             ConfigError::Syntax { source, .. } => ConfigError::Syntax {
                 path: path.to_owned(),

@@ -106,7 +106,9 @@ pub enum ObolError {
     UpstreamResponseTooLarge { limit: usize },
     #[error("the connector's output exceeds {limit} bytes")]
     ComponentOutputTooLarge { limit: usize },
-    #[error("the vendor's response does not match the tool's output schema")]
+    #[error(
+        "the tool's structured output does not match its own output schema: a bug of the connector or MCP server, not of the call (the gateway's log names the tool)"
+    )]
     OutputSchemaViolation,
     #[error("the connection's credential is unavailable")]
     CredentialUnavailable,

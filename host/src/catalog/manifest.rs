@@ -496,6 +496,11 @@ impl Schema {
     /// argument must not come back as an 8 MiB error. Names from the request (a path, an
     /// unexpected property) are cut to 64 characters.
     pub fn violations(&self, instance: &Value) -> Vec<String> {
+        self.violations_in(instance, "the arguments")
+    }
+
+    /// [`Schema::violations`], calling the instance as a whole `whole`.
+    pub fn violations_in(&self, instance: &Value, whole: &str) -> Vec<String> {
         use jsonschema::error::ValidationErrorKind as Kind;
         self.validator
             .iter_errors(instance)
@@ -503,7 +508,7 @@ impl Schema {
             .map(|e| {
                 let at = e.instance_path().to_string();
                 let at = if at.is_empty() {
-                    "the arguments".to_owned()
+                    whole.to_owned()
                 } else {
                     bounded(&at)
                 };

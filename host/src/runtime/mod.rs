@@ -101,12 +101,26 @@ pub enum GuestFailure {
 pub enum LoadError {
     #[error("not a valid connector component: {0}")]
     Compile(String),
-    #[error("the component implements neither obol:connector@0.2.0 nor obol:connector@0.1.0: {0}")]
+    #[error(
+        "the component implements neither obol:connector@0.2.0 nor obol:connector@0.1.0: {0}{hint}",
+        hint = export_hint(.0)
+    )]
     Contract(String),
     #[error("the component cannot load: {0}")]
     Refused(String),
     #[error("the component's manifest() failed: {0}")]
     Manifest(GuestFailure),
+}
+
+/// What to do about a missing export: a connector crate exports its functions with the SDK's
+/// macro, and one without it builds a component that exports nothing.
+fn export_hint(message: &str) -> &'static str {
+    match message.contains("no export") {
+        true => {
+            " (a connector crate ends with `obol_sdk::export!(YourConnector);`, which exports its functions)"
+        }
+        false => "",
+    }
 }
 
 /// A compiled, pre-linked component, ready to be instantiated per call.
@@ -524,5 +538,21 @@ impl EpochTicker {
 impl Drop for EpochTicker {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_component_that_exports_nothing_is_told_about_the_sdks_macro() {
+        let missing = LoadError::Contract("no export `interpret` found".into());
+        assert!(
+            missing.to_string().contains("obol_sdk::export!"),
+            "{missing}"
+        );
+        let other = LoadError::Contract("a type mismatch".into());
+        assert!(!other.to_string().contains("export!"), "{other}");
     }
 }

@@ -71,6 +71,11 @@ impl Harness {
         let wasm = target_dir
             .join("wasm32-wasip2/release")
             .join(format!("{}.wasm", package.replace('-', "_")));
+        assert!(
+            wasm.is_file(),
+            "cargo built {package} but made no {}: a connector crate needs\n\n    [lib]\n    crate-type = [\"cdylib\", \"rlib\"]\n\nin its Cargo.toml (cdylib is the component the gateway loads)",
+            wasm.display()
+        );
         Harness::load(&wasm)
     }
 
@@ -145,7 +150,10 @@ impl Harness {
         )))
     }
 
-    /// Feeds a canned vendor response to `interpret`.
+    /// Feeds a canned vendor response to `interpret`, and checks what it returns as the
+    /// gateway does: an answer the tool's status classes accept must carry structured output
+    /// that matches the tool's own output schema (a panic names the failing field: the
+    /// gateway would answer every such call `output_schema_violation`).
     pub fn interpret(
         &self,
         tool: &str,
@@ -161,14 +169,42 @@ impl Harness {
             body: body.to_vec(),
         };
         let name = self.manifest().name.as_str();
-        trapless(
-            self.executor.block_on(self.runtime.interpret(
-                &self.connector.guest,
-                name,
-                tool,
-                response,
-            )),
-        )
+        let output = trapless(self.executor.block_on(self.runtime.interpret(
+            &self.connector.guest,
+            name,
+            tool,
+            response,
+        )))?;
+        let spec = self
+            .manifest()
+            .tools
+            .iter()
+            .find(|t| t.upstream_name == tool)
+            .unwrap_or_else(|| panic!("the manifest has no tool {tool:?}"));
+        if let Some(schema) = &spec.effect.output_schema
+            && self.classify(tool, status, body) == obol::catalog::StatusClass::Accepted
+        {
+            let structured = output
+                .structured
+                .as_deref()
+                .map(|text| {
+                    serde_json::from_str::<Value>(text).unwrap_or_else(|e| {
+                        panic!("{tool}: the structured output is not JSON ({e})")
+                    })
+                })
+                .unwrap_or_else(|| {
+                    panic!(
+                        "{tool}: an accepted answer has no structured output, but the tool declares an output schema"
+                    )
+                });
+            let violations = schema.violations_in(&structured, "the output");
+            assert!(
+                violations.is_empty(),
+                "{tool}: the connector's structured output breaks its own output schema: {}",
+                violations.join("; ")
+            );
+        }
+        Ok(output)
     }
 }
 
