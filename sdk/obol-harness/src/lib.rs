@@ -106,14 +106,18 @@ impl Harness {
     /// How the gateway would classify an answer to `tool`: by the tool's declared status
     /// classes, then its body rules (contract 0.2.0). The component is not asked.
     pub fn classify(&self, tool: &str, status: u16, body: &[u8]) -> obol::catalog::StatusClass {
-        let spec = self
-            .manifest()
-            .tools
-            .iter()
-            .find(|t| t.upstream_name == tool)
-            .unwrap_or_else(|| panic!("the manifest has no tool {tool:?}"));
+        let spec = self.tool(tool);
         let effect = &spec.effect;
         obol::catalog::classify_body(&effect.body_rules, effect.statuses.classify(status), body)
+    }
+
+    /// A tool of the manifest, by the name the component knows it by.
+    fn tool(&self, name: &str) -> &obol::catalog::ToolSpec {
+        self.manifest()
+            .tools
+            .iter()
+            .find(|t| t.upstream_name == name)
+            .unwrap_or_else(|| panic!("the manifest has no tool {name:?}"))
     }
 
     /// The validated manifest, exactly as the gateway sees it.
@@ -123,12 +127,7 @@ impl Harness {
 
     /// Runs `prepare` after the gateway's own input-schema check.
     pub fn prepare(&self, tool: &str, arguments: Value) -> Result<OutboundRequest, PrepareError> {
-        let spec = self
-            .manifest()
-            .tools
-            .iter()
-            .find(|t| t.upstream_name == tool)
-            .unwrap_or_else(|| panic!("the manifest has no tool {tool:?}"));
+        let spec = self.tool(tool);
         let violations = spec.input_schema.violations(&arguments);
         if !violations.is_empty() {
             return Err(PrepareError::InvalidArguments(format!(
@@ -175,12 +174,7 @@ impl Harness {
             tool,
             response,
         )))?;
-        let spec = self
-            .manifest()
-            .tools
-            .iter()
-            .find(|t| t.upstream_name == tool)
-            .unwrap_or_else(|| panic!("the manifest has no tool {tool:?}"));
+        let spec = self.tool(tool);
         if let Some(schema) = &spec.effect.output_schema
             && self.classify(tool, status, body) == obol::catalog::StatusClass::Accepted
         {
