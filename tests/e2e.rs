@@ -14,6 +14,8 @@
 //! - `capabilities`: `cap.*` routed across a component and an MCP upstream provider: breaker
 //!   failover for new keys, recorded routes for retries, pins, visibility, `POST /v1/route`.
 //! - `progressive`: progressive mode (`search_tools`, `call_tool`) through rmcp's client.
+//! - `scaffold`: `obol new connector` outside this repository: it builds, passes its own
+//!   tests, `obol check` accepts it and a gateway serves it.
 //! - `stateless`: MCP 2026-07-28 without sessions: `server/discover`, the revision's header
 //!   checks and codes, caching hints, `subscriptions/listen`, rmcp in discover mode.
 //! - `console`: the operator console in headless Chromium: an owner's charts, receipts and
@@ -48,6 +50,7 @@ mod python_client;
 mod redaction;
 mod redis_store;
 mod sandboxing;
+mod scaffold;
 mod stateless;
 mod telemetry;
 mod tools;

@@ -51,6 +51,7 @@ pub mod progressive;
 mod properties;
 pub mod runtime;
 pub mod sandbox;
+pub mod scaffold;
 pub mod server;
 pub mod store;
 pub mod telemetry;

@@ -102,6 +102,11 @@ enum Command {
         /// Show one receipt instead of listing.
         id: Option<String>,
     },
+    /// Start something new: `obol new connector NAME`.
+    New {
+        #[command(subcommand)]
+        command: NewCommand,
+    },
     /// Print a shell completion script: `source <(obol completions bash)`, or write it where
     /// your shell loads completions from.
     Completions { shell: clap_complete::Shell },
@@ -196,6 +201,27 @@ enum KeysCommand {
         #[command(flatten)]
         admin: AdminArgs,
         name: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum NewCommand {
+    /// An out-of-tree connector crate that builds and tests on first try: a read tool and a
+    /// write tool with an Idempotency-Key binding, harness tests, a stand-in vendor and an
+    /// obol.toml that serves it.
+    Connector {
+        /// The connector's name (lowercase letters, digits, `-`, `_`): its tools' prefix.
+        name: String,
+        /// Where to create it (default: ./NAME).
+        #[arg(long)]
+        path: Option<PathBuf>,
+        /// Take obol-sdk and obol-harness from this Obol checkout (default: the one this
+        /// obol was built from, when it is still there).
+        #[arg(long, conflicts_with = "git")]
+        obol: Option<PathBuf>,
+        /// Take them from this git repository instead.
+        #[arg(long)]
+        git: Option<String>,
     },
 }
 
@@ -699,6 +725,42 @@ fn run(command: Command, output: Output) -> anyhow::Result<ExitCode> {
                     }
                 }
             })
+        }
+        Command::New {
+            command:
+                NewCommand::Connector {
+                    name,
+                    path,
+                    obol,
+                    git,
+                },
+        } => {
+            use obol::scaffold::Dependencies;
+            let dependencies = match (git, obol) {
+                (Some(url), _) => Dependencies::Git(url),
+                (None, Some(root)) => Dependencies::Checkout(std::path::absolute(root)?),
+                (None, None) => {
+                    // This binary's own checkout, when it was built from one that still exists.
+                    let built_from = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
+                    if !built_from.join("sdk/obol-sdk/Cargo.toml").is_file() {
+                        anyhow::bail!(
+                            "no Obol checkout to take obol-sdk from: pass --obol PATH (a checkout) or --git URL"
+                        );
+                    }
+                    Dependencies::Checkout(std::fs::canonicalize(built_from)?)
+                }
+            };
+            let dir = path.unwrap_or_else(|| PathBuf::from(&name));
+            let created = obol::scaffold::create(&name, &dir, &dependencies)?;
+            for file in &created.files {
+                println!("created {}", file.display());
+            }
+            println!(
+                "\nnext:\n  cd {}\n  cargo test                                      # builds the component, runs it in the harness\n  cargo build --release --target wasm32-wasip2\n  obol check target/wasm32-wasip2/release/{}.wasm\n  python3 mock_vendor.py &   obol serve --config obol.toml",
+                created.dir.display(),
+                name.replace('-', "_")
+            );
+            Ok(ExitCode::SUCCESS)
         }
         Command::Completions { shell } => {
             use clap::CommandFactory;
