@@ -69,9 +69,9 @@ async fn a_new_connector_builds_tests_checks_and_serves_on_first_try() {
         "{log}"
     );
 
-    // The component the harness built and tested (the same release build of the same
-    // source the author ships), checked and served.
-    let wasm = scaffold_target().join("obol-guests/wasm32-wasip2/release/acme.wasm");
+    // The component the harness built and tested is the file the author ships: where
+    // `cargo build --release --target wasm32-wasip2` puts it. Checked, then served.
+    let wasm = scaffold_target().join("wasm32-wasip2/release/acme.wasm");
     assert!(wasm.is_file(), "{}", wasm.display());
     let (code, out, err) = run_obol(&["check", wasm.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");

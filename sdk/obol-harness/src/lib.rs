@@ -207,8 +207,10 @@ fn trapless<T, E>(outcome: Result<Result<T, E>, GuestFailure>) -> Result<T, E> {
     outcome.unwrap_or_else(|failure| panic!("the component {failure}"))
 }
 
-/// `<target>/obol-guests`, next to the test binary's own target directory, so the host's
-/// build script and the harness share one guest build.
+/// The test binary's own target directory: the component the harness builds and tests is
+/// `<target>/wasm32-wasip2/release/NAME.wasm`, the very file `cargo build --release --target
+/// wasm32-wasip2` makes for the author to ship (cargo holds no lock on it while tests run).
+/// `OBOL_GUEST_TARGET_DIR` overrides it.
 fn guest_target_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("OBOL_GUEST_TARGET_DIR") {
         return dir.into();
@@ -217,6 +219,6 @@ fn guest_target_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("the test binary's path");
     exe.ancestors()
         .nth(3)
-        .map(|target| target.join("obol-guests"))
+        .map(Path::to_owned)
         .unwrap_or_else(|| std::env::temp_dir().join("obol-guests"))
 }
