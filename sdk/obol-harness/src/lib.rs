@@ -95,7 +95,7 @@ impl Harness {
             runtime,
             connector,
             executor: tokio::runtime::Builder::new_current_thread()
-                .enable_time()
+                .enable_all()
                 .build()
                 .expect("a tokio runtime"),
             base_url: BASE_URL.into(),
@@ -199,6 +199,121 @@ impl Harness {
             );
         }
         Ok(output)
+    }
+}
+
+/// One vendor exchange, recorded once from the real vendor and replayed in tests: the answer
+/// `interpret` is fed. Stored as JSON; nothing secret is kept (see [`Harness::record`]).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Fixture {
+    pub tool: String,
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+/// Response headers never written to a fixture: they carry credentials or sessions.
+fn secret_header(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    [
+        "authorization",
+        "cookie",
+        "set-cookie",
+        "token",
+        "secret",
+        "key",
+        "session",
+    ]
+    .iter()
+    .any(|word| name.contains(word))
+}
+
+impl Harness {
+    /// Sends what `prepare` builds for `tool` to the real vendor at [`Harness::base_url`]
+    /// (with `credential` as one request header, as the gateway would add it), writes the
+    /// answer to `fixture`, and returns it. Secrets stay out of the file: headers that carry
+    /// credentials or sessions are dropped, and the credential's value is replaced wherever
+    /// the answer repeats it. Run it once (an ignored test, or behind an env var), commit
+    /// the fixture, and [`Harness::replay`] it in every run after.
+    pub fn record(
+        &self,
+        tool: &str,
+        arguments: Value,
+        credential: Option<(&str, &str)>,
+        fixture: &Path,
+    ) -> Fixture {
+        let request = self
+            .prepare(tool, arguments)
+            .unwrap_or_else(|e| panic!("{tool}: prepare refused the arguments: {e:?}"));
+        let method = match request.method {
+            wit::Method::Get => reqwest::Method::GET,
+            wit::Method::Post => reqwest::Method::POST,
+            wit::Method::Put => reqwest::Method::PUT,
+            wit::Method::Patch => reqwest::Method::PATCH,
+            wit::Method::Delete => reqwest::Method::DELETE,
+        };
+        let answer = self.executor.block_on(async {
+            let mut sent = reqwest::Client::new().request(method, &request.url);
+            for header in &request.headers {
+                sent = sent.header(&header.name, &header.value);
+            }
+            if let Some((name, value)) = credential {
+                sent = sent.header(name, value);
+            }
+            if let Some(body) = request.body {
+                sent = sent.body(body);
+            }
+            let answer = sent
+                .send()
+                .await
+                .unwrap_or_else(|e| panic!("{tool}: the vendor did not answer: {e}"));
+            let status = answer.status().as_u16();
+            let headers: Vec<(String, String)> = answer
+                .headers()
+                .iter()
+                .filter(|(name, _)| !secret_header(name.as_str()))
+                .map(|(name, value)| {
+                    (
+                        name.to_string(),
+                        value.to_str().unwrap_or_default().to_owned(),
+                    )
+                })
+                .collect();
+            let body = answer.text().await.unwrap_or_default();
+            (status, headers, body)
+        });
+        let (status, headers, mut body) = answer;
+        if let Some((_, value)) = credential
+            && !value.is_empty()
+        {
+            body = body.replace(value, "[redacted]");
+        }
+        let recorded = Fixture {
+            tool: tool.to_owned(),
+            status,
+            headers,
+            body,
+        };
+        let text = serde_json::to_string_pretty(&recorded).expect("plain data");
+        if let Some(dir) = fixture.parent() {
+            std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        }
+        std::fs::write(fixture, text).unwrap_or_else(|e| panic!("{}: {e}", fixture.display()));
+        recorded
+    }
+
+    /// Feeds a recorded exchange to `interpret`, with the same checks as
+    /// [`Harness::interpret`].
+    pub fn replay(&self, fixture: &Path) -> Result<ToolOutput, InterpretError> {
+        let text = std::fs::read_to_string(fixture).unwrap_or_else(|e| {
+            panic!(
+                "{}: {e} (record it once with Harness::record against the vendor)",
+                fixture.display()
+            )
+        });
+        let recorded: Fixture = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("{}: not a fixture: {e}", fixture.display()));
+        self.interpret(&recorded.tool, recorded.status, recorded.body.as_bytes())
     }
 }
 

@@ -28,3 +28,53 @@ fn an_answer_the_tool_does_not_accept_is_not_held_to_the_schema() {
         .interpret("relay", 404, br#"{"message": "not found"}"#)
         .unwrap();
 }
+
+/// Record a vendor exchange once, then replay it with no vendor: the fixture keeps the
+/// answer and nothing secret (issue 16).
+#[test]
+fn an_exchange_is_recorded_without_its_secrets_and_replayed_without_the_vendor() {
+    use std::io::{Read, Write};
+    const CREDENTIAL: &str = "Bearer sk_test_CanaryNeverInAFixture";
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let vendor = std::thread::spawn(move || {
+        let (mut stream, _) = listener.accept().unwrap();
+        let mut request = vec![0u8; 8192];
+        let n = stream.read(&mut request).unwrap();
+        let request = String::from_utf8_lossy(&request[..n]).to_ascii_lowercase();
+        let body = format!(r#"{{"number": 7, "title": "recorded", "echo": "{CREDENTIAL}"}}"#);
+        let answer = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nset-cookie: session=s3cr3t\r\nx-api-key: k3y\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        stream.write_all(answer.as_bytes()).unwrap();
+        request
+    });
+    let mut harness = obol_harness::build_this_crate!();
+    harness.base_url = format!("http://127.0.0.1:{port}");
+    let fixture = std::env::temp_dir().join(format!("obol-fixture-{}.json", std::process::id()));
+    let recorded = harness.record(
+        "relay",
+        obol_sdk::serde_json::json!({}),
+        Some(("authorization", CREDENTIAL)),
+        &fixture,
+    );
+    let request = vendor.join().unwrap();
+    assert!(request.starts_with("get /relay"), "{request}");
+    assert!(
+        request.contains("sk_test_canarynever"),
+        "the credential was sent"
+    );
+    assert_eq!(recorded.status, 200);
+
+    let text = std::fs::read_to_string(&fixture).unwrap();
+    for secret in ["sk_test_CanaryNeverInAFixture", "s3cr3t", "k3y"] {
+        assert!(!text.contains(secret), "{secret} in the fixture: {text}");
+    }
+    // No vendor now: the fixture answers.
+    let output = harness.replay(&fixture).unwrap();
+    let structured: obol_sdk::serde_json::Value =
+        obol_sdk::serde_json::from_str(output.structured.as_deref().unwrap()).unwrap();
+    assert_eq!(structured["title"], "recorded");
+    let _ = std::fs::remove_file(&fixture);
+}
