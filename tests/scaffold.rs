@@ -57,17 +57,59 @@ async fn a_new_connector_builds_tests_checks_and_serves_on_first_try() {
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("cargo test"), "{out}");
 
-    let (tested, log) = tokio::task::spawn_blocking({
-        let crate_dir = crate_dir.clone();
-        move || cargo(&crate_dir, &["test", "--offline"])
-    })
-    .await
-    .unwrap();
-    assert!(tested, "the scaffold's own tests failed:\n{log}");
-    assert!(
-        log.contains("items_are_read_and_created_as_the_vendor_expects ... ok"),
-        "{log}"
+    // The author's build links the gateway's sandbox, not the gateway: none of its store,
+    // policy, HTTP server, MCP client or Redis crates (ADR-0051).
+    let (listed, tree) = cargo(
+        &crate_dir,
+        &[
+            "tree",
+            "--offline",
+            "--edges",
+            "normal,dev,build",
+            "--prefix",
+            "none",
+        ],
     );
+    assert!(listed, "{tree}");
+    assert!(tree.contains("obol-runtime v"), "{tree}");
+    for gateway_only in [
+        "obol v",
+        "redb v",
+        "redis v",
+        "cedar-policy v",
+        "axum v",
+        "rmcp v",
+        "reqwest v",
+    ] {
+        assert!(
+            !tree.lines().any(|line| line.starts_with(gateway_only)),
+            "the scaffold's tests would compile {gateway_only}…:\n{tree}"
+        );
+    }
+
+    // Run twice: the second, of an unchanged crate, compiles nothing, neither by cargo nor
+    // by Cranelift (the harness caches compiled components by sha256).
+    for (run, unchanged) in [
+        ("first cargo test of the scaffold", false),
+        ("cargo test of the unchanged scaffold", true),
+    ] {
+        let started = std::time::Instant::now();
+        let (tested, log) = tokio::task::spawn_blocking({
+            let crate_dir = crate_dir.clone();
+            move || cargo(&crate_dir, &["test", "--offline"])
+        })
+        .await
+        .unwrap();
+        assert!(tested, "{run} failed:\n{log}");
+        assert!(
+            log.contains("items_are_read_and_created_as_the_vendor_expects ... ok"),
+            "{log}"
+        );
+        if unchanged {
+            assert!(!log.contains("Compiling"), "{run} compiled again:\n{log}");
+        }
+        eprintln!("{run}: {:.2} s", started.elapsed().as_secs_f64());
+    }
 
     // The component the harness built and tested is the file the author ships: where
     // `cargo build --release --target wasm32-wasip2` puts it. Checked, then served.

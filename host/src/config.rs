@@ -109,30 +109,8 @@ pub enum RedisTarget {
     Cluster(Vec<String>),
 }
 
-/// Limits applied to every guest call.
-#[derive(Debug, Clone)]
-pub struct RuntimeConfig {
-    pub memory_limit_bytes: usize,
-    pub call_deadline: Duration,
-    pub max_output_bytes: usize,
-    /// Where compiled components are cached, keyed by their sha256.
-    pub cache_dir: Option<PathBuf>,
-    /// How many guest calls may run at once (each holds one pooled instance slot).
-    pub max_concurrent_calls: u32,
-}
-
-impl Default for RuntimeConfig {
-    /// The documented defaults; the config file overrides them field by field.
-    fn default() -> RuntimeConfig {
-        RuntimeConfig {
-            memory_limit_bytes: 64 << 20,
-            call_deadline: Duration::from_secs(2),
-            max_output_bytes: 4 << 20,
-            cache_dir: None,
-            max_concurrent_calls: 64,
-        }
-    }
-}
+/// Limits applied to every guest call (defined beside the sandbox that applies them).
+pub use obol_runtime::RuntimeConfig;
 
 #[derive(Debug, Clone)]
 pub struct OutboundConfig {

@@ -49,10 +49,12 @@ pub mod policy;
 pub mod progressive;
 #[cfg(test)]
 mod properties;
-pub mod runtime;
 pub mod sandbox;
 pub mod scaffold;
 pub mod server;
 pub mod store;
 pub mod telemetry;
 pub mod upstream;
+
+/// The sandbox is its own crate (`host/runtime`), shared with `obol-harness`.
+pub use obol_runtime as runtime;

@@ -423,7 +423,7 @@ fn check_report(
                 "route": route,
                 "destructive": e.destructive,
                 "statuses": statuses,
-                "propagation": String::from(e.propagation.pinned()),
+                "propagation": String::from(obol::store::PinnedBinding::from(&e.propagation)),
                 "output_schema": e.output_schema.is_some(),
                 "body_rules": e.body_rules.len(),
             })

@@ -5,7 +5,6 @@
 //! swaps it in whole, so a call never sees half of a reload.
 
 mod capability;
-mod manifest;
 mod names;
 mod sources;
 pub mod trust;
@@ -24,12 +23,12 @@ pub use capability::{
     Capability, CapabilitySpec, Declared, Mapping, PREFIX as CAPABILITY_PREFIX, Provider,
     ProviderSpec,
 };
-pub use manifest::{
+pub use names::ToolName;
+pub use obol_runtime::manifest::{
     BodyRule, Broker, ConnectorName, EffectSpec, HOST_OWNED_HEADERS, JsonPointer, Manifest,
     ManifestError, Propagation, RouteKind, Schema, StatusClass, StatusClasses, ToolSpec,
     classify_body,
 };
-pub use names::ToolName;
 pub use sources::{BUNDLED, Loader, Origin, SourceError, load_connector, signature_path};
 
 /// A component that loaded and whose manifest is valid.

@@ -388,7 +388,9 @@ async fn connectors(State(gateway): State<Arc<Gateway>>, headers: HeaderMap) -> 
                 e.route.label(),
                 e.destructive,
                 escape(&statuses.join("; ")),
-                escape(&String::from(e.propagation.pinned())),
+                escape(&String::from(crate::store::PinnedBinding::from(
+                    &e.propagation
+                ))),
                 e.output_schema.is_some(),
             );
         }

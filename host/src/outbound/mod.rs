@@ -374,7 +374,7 @@ mod tests {
         assert_eq!(prepared.headers["idempotency-key"], "idt_abc");
 
         let body_field =
-            Propagation::BodyField(crate::catalog::JsonPointer::parse_for_tests("/meta/key"));
+            Propagation::BodyField(crate::catalog::JsonPointer::parse("/meta/key").unwrap());
         let prepared = Prepared::new(
             template(url, &[], Some(r#"{"a":1}"#)),
             &base(),

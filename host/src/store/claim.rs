@@ -37,6 +37,22 @@ pub enum PinnedBinding {
     BodyField(String),
 }
 
+impl From<&crate::catalog::Propagation> for PinnedBinding {
+    /// The form pinned in a claim: the propagation with its header name or pointer, so a
+    /// changed binding is a different call.
+    fn from(propagation: &crate::catalog::Propagation) -> PinnedBinding {
+        use crate::catalog::Propagation;
+        match propagation {
+            Propagation::None => PinnedBinding::None,
+            Propagation::Unsupported => PinnedBinding::Unsupported,
+            Propagation::Header(name) => PinnedBinding::Header(name.to_string()),
+            Propagation::BodyField(pointer) => {
+                PinnedBinding::BodyField(pointer.as_str().to_owned())
+            }
+        }
+    }
+}
+
 impl PinnedBinding {
     /// Whether the vendor deduplicates on the key it receives, so a resend under the same key
     /// cannot become a second effect.

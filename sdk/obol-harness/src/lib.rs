@@ -10,18 +10,23 @@
 //! ```
 //!
 //! [`Harness::build`] compiles the crate for `wasm32-wasip2`; loading applies the gateway's own
-//! manifest validation, sandbox and limits, so a component that passes here loads in `obol`.
+//! manifest validation, sandbox and limits (`obol-runtime`, the crate the gateway runs
+//! components with), so a component that passes here loads in `obol`.
+//!
+//! Within one test binary the crate is built and compiled once: every test shares the
+//! component, and compiled code is cached on disk by the component's sha256, so the tests of
+//! an unchanged crate skip both cargo's work and Cranelift's.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 
-use obol::catalog::{Connector, Manifest, load_connector};
-use obol::config::RuntimeConfig;
-use obol::runtime::{GuestFailure, Runtime, wit};
+use obol_runtime::manifest::{Manifest, StatusClass, ToolSpec, classify_body};
+use obol_runtime::{Guest, GuestFailure, Runtime, RuntimeConfig, wit};
 use serde_json::Value;
 
-pub use obol::runtime::wit::{InterpretError, Method, OutboundRequest, PrepareError, ToolOutput};
+pub use obol_runtime::wit::{InterpretError, Method, OutboundRequest, PrepareError, ToolOutput};
 
 /// The base URL `prepare` is given unless a test sets another.
 pub const BASE_URL: &str = "http://vendor.test";
@@ -34,10 +39,16 @@ macro_rules! build_this_crate {
     };
 }
 
+/// A component that compiled, linked and whose manifest the gateway accepts.
+struct Component {
+    guest: Guest,
+    manifest: Manifest,
+}
+
 /// A loaded component plus the connection facts its calls see.
 pub struct Harness {
     runtime: Arc<Runtime>,
-    connector: Connector,
+    component: Arc<Component>,
     executor: tokio::runtime::Runtime,
     pub base_url: String,
     pub settings: Vec<(String, String)>,
@@ -47,55 +58,44 @@ impl Harness {
     /// Compiles the crate at `manifest_dir` to a component and loads it. Panics with cargo's
     /// or the loader's message on failure: this is a test helper.
     pub fn build(manifest_dir: &str, package: &str) -> Harness {
-        let target_dir = guest_target_dir();
-        let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-            .args([
-                "build",
-                "--release",
-                "--target",
-                "wasm32-wasip2",
-                "--manifest-path",
-            ])
-            .arg(Path::new(manifest_dir).join("Cargo.toml"))
-            .arg("--target-dir")
-            .arg(&target_dir)
-            .env_remove("CARGO_TARGET_DIR")
-            .env_remove("CARGO_ENCODED_RUSTFLAGS")
-            .env_remove("RUSTFLAGS")
-            .status()
-            .expect("run cargo");
-        assert!(
-            status.success(),
-            "building {package} for wasm32-wasip2 failed"
-        );
-        let wasm = target_dir
-            .join("wasm32-wasip2/release")
-            .join(format!("{}.wasm", package.replace('-', "_")));
-        assert!(
-            wasm.is_file(),
-            "cargo built {package} but made no {}: a connector crate needs\n\n    [lib]\n    crate-type = [\"cdylib\", \"rlib\"]\n\nin its Cargo.toml (cdylib is the component the gateway loads)",
-            wasm.display()
-        );
+        // Tests run in parallel threads: the first one builds, the others wait for its file.
+        static BUILT: OnceLock<Mutex<HashMap<PathBuf, PathBuf>>> = OnceLock::new();
+        let mut built = BUILT
+            .get_or_init(Mutex::default)
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let wasm = built
+            .entry(PathBuf::from(manifest_dir))
+            .or_insert_with(|| build_component(manifest_dir, package))
+            .clone();
+        drop(built);
         Harness::load(&wasm)
     }
 
     /// Loads an already built component.
     pub fn load(path: &Path) -> Harness {
         let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        let runtime = Arc::new(
-            Runtime::new(RuntimeConfig {
-                max_concurrent_calls: 4,
-                ..RuntimeConfig::default()
-            })
-            .expect("a wasmtime engine"),
-        );
-        let connector = load_connector(&runtime, &path.display().to_string(), &bytes)
-            .unwrap_or_else(|e| panic!("the gateway would refuse this component: {e}"));
+        let runtime = shared_runtime();
+        // One compile per distinct component per test binary, whatever the number of tests.
+        static LOADED: OnceLock<Mutex<HashMap<Vec<u8>, Arc<Component>>>> = OnceLock::new();
+        let mut loaded = LOADED
+            .get_or_init(Mutex::default)
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let component = match loaded.get(&bytes) {
+            Some(component) => Arc::clone(component),
+            None => {
+                let component = Arc::new(load_component(&runtime, path, &bytes));
+                loaded.insert(bytes, Arc::clone(&component));
+                component
+            }
+        };
+        drop(loaded);
         Harness {
             runtime,
-            connector,
+            component,
             executor: tokio::runtime::Builder::new_current_thread()
-                .enable_all()
+                .enable_time()
                 .build()
                 .expect("a tokio runtime"),
             base_url: BASE_URL.into(),
@@ -105,14 +105,14 @@ impl Harness {
 
     /// How the gateway would classify an answer to `tool`: by the tool's declared status
     /// classes, then its body rules (contract 0.2.0). The component is not asked.
-    pub fn classify(&self, tool: &str, status: u16, body: &[u8]) -> obol::catalog::StatusClass {
+    pub fn classify(&self, tool: &str, status: u16, body: &[u8]) -> StatusClass {
         let spec = self.tool(tool);
         let effect = &spec.effect;
-        obol::catalog::classify_body(&effect.body_rules, effect.statuses.classify(status), body)
+        classify_body(&effect.body_rules, effect.statuses.classify(status), body)
     }
 
     /// A tool of the manifest, by the name the component knows it by.
-    fn tool(&self, name: &str) -> &obol::catalog::ToolSpec {
+    fn tool(&self, name: &str) -> &ToolSpec {
         self.manifest()
             .tools
             .iter()
@@ -122,7 +122,7 @@ impl Harness {
 
     /// The validated manifest, exactly as the gateway sees it.
     pub fn manifest(&self) -> &Manifest {
-        &self.connector.manifest
+        &self.component.manifest
     }
 
     /// Runs `prepare` after the gateway's own input-schema check.
@@ -141,7 +141,7 @@ impl Harness {
         };
         let name = self.manifest().name.as_str();
         trapless(self.executor.block_on(self.runtime.prepare(
-            &self.connector.guest,
+            &self.component.guest,
             name,
             tool,
             arguments.to_string(),
@@ -169,14 +169,14 @@ impl Harness {
         };
         let name = self.manifest().name.as_str();
         let output = trapless(self.executor.block_on(self.runtime.interpret(
-            &self.connector.guest,
+            &self.component.guest,
             name,
             tool,
             response,
         )))?;
         let spec = self.tool(tool);
         if let Some(schema) = &spec.effect.output_schema
-            && self.classify(tool, status, body) == obol::catalog::StatusClass::Accepted
+            && self.classify(tool, status, body) == StatusClass::Accepted
         {
             let structured = output
                 .structured
@@ -213,6 +213,7 @@ pub struct Fixture {
 }
 
 /// Response headers never written to a fixture: they carry credentials or sessions.
+#[cfg(feature = "record")]
 fn secret_header(name: &str) -> bool {
     let name = name.to_ascii_lowercase();
     [
@@ -235,6 +236,10 @@ impl Harness {
     /// credentials or sessions are dropped, and the credential's value is replaced wherever
     /// the answer repeats it. Run it once (an ignored test, or behind an env var), commit
     /// the fixture, and [`Harness::replay`] it in every run after.
+    ///
+    /// Needs the harness's `record` feature (`features = ["record"]`): the HTTP client it
+    /// sends with is a build that replaying does not need.
+    #[cfg(feature = "record")]
     pub fn record(
         &self,
         tool: &str,
@@ -252,7 +257,12 @@ impl Harness {
             wit::Method::Patch => reqwest::Method::PATCH,
             wit::Method::Delete => reqwest::Method::DELETE,
         };
-        let answer = self.executor.block_on(async {
+        // The harness's own executor has no I/O driver (replay needs none).
+        let network = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a tokio runtime");
+        let answer = network.block_on(async {
             let mut sent = reqwest::Client::new().request(method, &request.url);
             for header in &request.headers {
                 sent = sent.header(&header.name, &header.value);
@@ -315,6 +325,75 @@ impl Harness {
             .unwrap_or_else(|e| panic!("{}: not a fixture: {e}", fixture.display()));
         self.interpret(&recorded.tool, recorded.status, recorded.body.as_bytes())
     }
+}
+
+/// Runs `cargo build --release --target wasm32-wasip2` for the crate and returns the `.wasm`
+/// it made: the file the author ships.
+fn build_component(manifest_dir: &str, package: &str) -> PathBuf {
+    let target_dir = guest_target_dir();
+    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args([
+            "build",
+            "--release",
+            "--target",
+            "wasm32-wasip2",
+            "--manifest-path",
+        ])
+        .arg(Path::new(manifest_dir).join("Cargo.toml"))
+        .arg("--target-dir")
+        .arg(&target_dir)
+        .env_remove("CARGO_TARGET_DIR")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .env_remove("RUSTFLAGS")
+        .status()
+        .expect("run cargo");
+    assert!(
+        status.success(),
+        "building {package} for wasm32-wasip2 failed"
+    );
+    let wasm = target_dir
+        .join("wasm32-wasip2/release")
+        .join(format!("{}.wasm", package.replace('-', "_")));
+    assert!(
+        wasm.is_file(),
+        "cargo built {package} but made no {}: a connector crate needs\n\n    [lib]\n    crate-type = [\"cdylib\", \"rlib\"]\n\nin its Cargo.toml (cdylib is the component the gateway loads)",
+        wasm.display()
+    );
+    wasm
+}
+
+/// Compiles, links and validates a component as the gateway's loader does.
+fn load_component(runtime: &Runtime, path: &Path, bytes: &[u8]) -> Component {
+    let refused = |reason: String| -> ! {
+        panic!(
+            "the gateway would refuse this component: {}: {reason}",
+            path.display()
+        )
+    };
+    let (guest, raw) = runtime
+        .load(bytes)
+        .unwrap_or_else(|e| refused(e.to_string()));
+    let manifest =
+        Manifest::validate(raw).unwrap_or_else(|e| refused(format!("invalid manifest: {e}")));
+    Component { guest, manifest }
+}
+
+/// One engine for every test of the binary, with the gateway's default limits and a compile
+/// cache beside the built components.
+fn shared_runtime() -> Arc<Runtime> {
+    static RUNTIME: OnceLock<Arc<Runtime>> = OnceLock::new();
+    let runtime = RUNTIME.get_or_init(|| {
+        Arc::new(
+            Runtime::new(RuntimeConfig {
+                // Tests run in parallel; each guest call holds a slot for its duration.
+                max_concurrent_calls: 16,
+                cache_dir: Some(guest_target_dir().join("obol-harness-cache")),
+                ..RuntimeConfig::default()
+            })
+            .expect("a wasmtime engine"),
+        )
+    });
+    Arc::clone(runtime)
 }
 
 /// In a connector's own tests a trap is a bug to see, not a value to assert on.

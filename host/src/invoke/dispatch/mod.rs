@@ -187,7 +187,7 @@ async fn plan(
     };
     let pin = Pin::new(
         RequestHash::of_arguments(&hashed),
-        route.tool().effect.propagation.pinned(),
+        crate::store::PinnedBinding::from(&route.tool().effect.propagation),
         destination,
     );
     let pin = match version {

@@ -1,4 +1,9 @@
-//! The sandbox: wasmtime engine, compile cache, per-call limits.
+//! The sandbox: wasmtime engine, compile cache, per-call limits, and the rules a component's
+//! manifest must pass ([`manifest`]).
+//!
+//! Its own crate so that a connector author's tests (`obol-harness`) run a component exactly
+//! as the gateway does without compiling the gateway's store, policy, HTTP or Redis code
+//! (ADR-0051).
 //!
 //! *Architecture Invariant:* a component gets nothing but the `log` import. Every other import
 //! it declares (the WASI interfaces Rust's standard library links against) is defined as a trap,
@@ -14,7 +19,9 @@
 
 mod cache;
 mod legacy;
+pub mod manifest;
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -27,15 +34,38 @@ use wasmtime::{
     Trap, UpdateDeadline,
 };
 
-use crate::config::RuntimeConfig;
-
 pub use cache::CompileCache;
+
+/// Limits applied to every guest call.
+#[derive(Debug, Clone)]
+pub struct RuntimeConfig {
+    pub memory_limit_bytes: usize,
+    pub call_deadline: Duration,
+    pub max_output_bytes: usize,
+    /// Where compiled components are cached, keyed by their sha256.
+    pub cache_dir: Option<PathBuf>,
+    /// How many guest calls may run at once (each holds one pooled instance slot).
+    pub max_concurrent_calls: u32,
+}
+
+impl Default for RuntimeConfig {
+    /// The documented defaults; the config file overrides them field by field.
+    fn default() -> RuntimeConfig {
+        RuntimeConfig {
+            memory_limit_bytes: 64 << 20,
+            call_deadline: Duration::from_secs(2),
+            max_output_bytes: 4 << 20,
+            cache_dir: None,
+            max_concurrent_calls: 64,
+        }
+    }
+}
 
 /// Bindings generated from the current contract; components built against an older released
 /// one are translated to these types at the runtime's boundary (`legacy`).
 pub mod wit {
     wasmtime::component::bindgen!({
-        path: "../wit/since_v0.2.0",
+        path: "../../wit/since_v0.2.0",
         world: "connector",
         // Inline on the caller's task, yielding at every epoch tick (ADR-0049). `manifest`
         // stays synchronous: it runs once, at load, off any request.

@@ -7,7 +7,7 @@
 use super::wit as current;
 
 wasmtime::component::bindgen!({
-    path: "../wit/since_v0.1.0",
+    path: "../../wit/since_v0.1.0",
     world: "connector",
     exports: { "prepare": async, "interpret": async },
 });

@@ -9,10 +9,10 @@ use std::fmt;
 use std::ops::RangeInclusive;
 use std::sync::Arc;
 
-use axum::http::HeaderName;
+use http::HeaderName;
 use serde_json::Value;
 
-use crate::runtime::wit;
+use crate::wit;
 
 /// Connector prefixes and tool names that belong to the gateway itself.
 const RESERVED_PREFIXES: [&str; 1] = ["cap"];
@@ -356,11 +356,6 @@ impl JsonPointer {
     pub fn get<'v>(&self, value: &'v Value) -> Option<&'v Value> {
         value.pointer(&self.0)
     }
-
-    #[cfg(test)]
-    pub fn parse_for_tests(text: &str) -> JsonPointer {
-        JsonPointer::parse(text).unwrap()
-    }
 }
 
 /// Headers only the host may set. A guest that sets one is refused, not silently corrected:
@@ -416,20 +411,6 @@ impl Propagation {
     /// deduplicates on the key it receives.
     pub fn is_binding(&self) -> bool {
         matches!(self, Propagation::Header(_) | Propagation::BodyField(_))
-    }
-
-    /// The form pinned in a claim: the propagation with its header name or pointer, so a
-    /// changed binding is a different call.
-    pub fn pinned(&self) -> crate::store::PinnedBinding {
-        use crate::store::PinnedBinding;
-        match self {
-            Propagation::None => PinnedBinding::None,
-            Propagation::Unsupported => PinnedBinding::Unsupported,
-            Propagation::Header(name) => PinnedBinding::Header(name.to_string()),
-            Propagation::BodyField(pointer) => {
-                PinnedBinding::BodyField(pointer.as_str().to_owned())
-            }
-        }
     }
 
     pub fn label(&self) -> &'static str {
@@ -815,8 +796,19 @@ mod tests {
         assert!(JsonPointer::parse("idempotency_key").is_err());
     }
 
+    fn proptest_config() -> proptest::test_runner::Config {
+        proptest::test_runner::Config {
+            cases: std::env::var("PROPTEST_CASES")
+                .ok()
+                .and_then(|cases| cases.parse().ok())
+                .unwrap_or(4096),
+            failure_persistence: None,
+            ..proptest::test_runner::Config::default()
+        }
+    }
+
     proptest::proptest! {
-        #![proptest_config(crate::properties::config())]
+        #![proptest_config(proptest_config())]
 
         /// Any manifest a component could return: validated, or refused with a typed error,
         /// never a panic; an accepted one has a well-formed connector name and unique tools.

@@ -65,7 +65,11 @@ impl CompileCache {
     fn store(&self, path: &std::path::Path, component: &Component) -> Result<(), String> {
         let bytes = component.serialize().map_err(|e| e.to_string())?;
         std::fs::create_dir_all(&self.dir).map_err(|e| e.to_string())?;
-        let partial = path.with_extension(format!("tmp{}", std::process::id()));
+        // Unique per writer: two threads of one process (a connector's parallel tests) may
+        // compile the same component at once, and must not write into each other's file.
+        static WRITERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let writer = WRITERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let partial = path.with_extension(format!("tmp{}-{writer}", std::process::id()));
         std::fs::write(&partial, bytes).map_err(|e| e.to_string())?;
         std::fs::rename(&partial, path).map_err(|e| e.to_string())
     }
