@@ -224,6 +224,34 @@ fn a_configured_misfit_stops_startup_with_its_reason() {
     assert!(message.contains("contains a dot"), "{message}");
 }
 
+/// A startup error is printed once: an error whose message already carries its cause's is
+/// not followed by that cause again.
+#[test]
+fn a_startup_error_is_printed_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let broken_toml = dir.path().join("broken.toml");
+    std::fs::write(&broken_toml, "[gateway\n").unwrap();
+    let not_wasm = dir.path().join("not-a-component.wasm");
+    std::fs::write(&not_wasm, b"\0asm but not really").unwrap();
+    let bad_component = dir.path().join("bad-component.toml");
+    std::fs::write(
+        &bad_component,
+        format!(
+            "[connectors]\ncomponents = [{:?}]\n",
+            not_wasm.to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    for (config, message) in [
+        (&broken_toml, "unclosed table"),
+        (&bad_component, "not a valid connector component"),
+    ] {
+        let (code, _, err) = run_obol(&["serve", "--config", config.to_str().unwrap()]);
+        assert_ne!(code, 0, "{err}");
+        assert_eq!(err.matches(message).count(), 1, "{err}");
+    }
+}
+
 #[tokio::test]
 async fn a_broken_hot_loaded_component_is_reported_and_skipped() {
     let vendor = MockVendor::start().await;

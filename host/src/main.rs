@@ -526,7 +526,7 @@ fn main() -> ExitCode {
         Ok(Some((layer, exporting))) => (Some(layer), Some(exporting)),
         Ok(None) => (None, None),
         Err(error) => {
-            eprintln!("obol: OTLP export: {error:#}");
+            eprintln!("obol: OTLP export: {}", one_line(&error));
             return ExitCode::FAILURE;
         }
     };
@@ -539,10 +539,24 @@ fn main() -> ExitCode {
     match run(cli.command, Output::of(cli.json)) {
         Ok(code) => code,
         Err(error) => {
-            eprintln!("obol: {error:#}");
+            eprintln!("obol: {}", one_line(&error));
             ExitCode::FAILURE
         }
     }
+}
+
+/// An error and its causes on one line, each said once: many errors already carry their
+/// cause's message in their own (`"{path}: {source}"`), and anyhow's `{:#}` would repeat it.
+fn one_line(error: &anyhow::Error) -> String {
+    let mut line = error.to_string();
+    for cause in error.chain().skip(1) {
+        let said = cause.to_string();
+        if !line.contains(&said) {
+            line.push_str(": ");
+            line.push_str(&said);
+        }
+    }
+    line
 }
 
 /// `obol upstreams`: lists each upstream as the gateway would at start, and prints what it
