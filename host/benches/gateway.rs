@@ -362,12 +362,27 @@ fn rss_mib() -> f64 {
     rss_mib_of("self")
 }
 
+/// A process's resident memory by kind, from `/proc`: anonymous (the heap, thread stacks,
+/// the guests' instance pool, the store's cache) and file pages (the binary, mapped
+/// libraries). The soak watches the first for growth.
+fn resident_anon_and_file_mib(pid: &str) -> (f64, f64) {
+    (
+        status_mib(pid, "RssAnon:"),
+        status_mib(pid, "RssFile:") + status_mib(pid, "RssShmem:"),
+    )
+}
+
 /// Resident memory of a process (`self` or a pid), from `/proc`.
 fn rss_mib_of(process: &str) -> f64 {
+    status_mib(process, "VmRSS:")
+}
+
+/// One `kB` field of `/proc/PROCESS/status`, in MiB.
+fn status_mib(process: &str, field: &str) -> f64 {
     let status = std::fs::read_to_string(format!("/proc/{process}/status")).unwrap_or_default();
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
         .map_or(0.0, |kb| kb / 1024.0)
 }
@@ -1706,7 +1721,8 @@ async fn outside(redis: &Redis) {
 
 /// `OBOL_BENCH=soak`: the outside rig's embedded gateway under steady load
 /// (`OBOL_SOAK_CONCURRENCY`, default 16) for `OBOL_SOAK_MINUTES` (default 10). Every minute:
-/// calls, latency, the gateway's RSS and open fds, and the store file's size.
+/// calls, latency, the gateway's RSS (anonymous and file pages), open fds, and the store
+/// file's size.
 async fn soak(redis: &Redis) {
     let number = |name: &str, default: u64| {
         std::env::var(name)
@@ -1733,8 +1749,8 @@ async fn soak(redis: &Redis) {
         gateway.store_mib().unwrap_or(0.0)
     );
     println!(
-        "  {:>6} {:>10} {:>9} {:>9} {:>9} {:>9} {:>6} {:>11}",
-        "minute", "calls", "calls/s", "p50", "p99", "RSS MiB", "fds", "store MiB"
+        "  {:>6} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} {:>11}",
+        "minute", "calls", "calls/s", "p50", "p99", "RSS MiB", "anon", "file", "fds", "store MiB"
     );
     let samples = Arc::new(Mutex::new(Vec::<Duration>::new()));
     let stop = Arc::new(AtomicBool::new(false));
@@ -1758,8 +1774,9 @@ async fn soak(redis: &Redis) {
         total += taken.len();
         let (p50, p99) = percentiles(&mut taken);
         let (rss, fds) = (rss_mib_of(&gateway.pid()), gateway.open_fds());
+        let (anon, file) = resident_anon_and_file_mib(&gateway.pid());
         println!(
-            "  {minute:>6} {total:>10} {:>9.0} {:>9} {:>9} {rss:>9.1} {fds:>6} {:>11.1}",
+            "  {minute:>6} {total:>10} {:>9.0} {:>9} {:>9} {rss:>9.1} {anon:>9.1} {file:>9.1} {fds:>6} {:>11.1}",
             taken.len() as f64 / 60.0,
             us(p50),
             us(p99),
