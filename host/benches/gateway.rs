@@ -27,6 +27,8 @@ use serde_json::json;
 
 const PAYMENTS: &[u8] = include_bytes!(env!("OBOL_GUEST_PAYMENTS"));
 const TOKEN: &str = "obk_bench";
+/// The outside rig's admin token, for reading each gateway's `/metrics`.
+const ADMIN_TOKEN: &str = "oba_bench";
 const RUN_FOR: Duration = Duration::from_secs(4);
 /// Calls made before each timed run.
 const WARM_UP: usize = 200;
@@ -1458,7 +1460,8 @@ struct Rig {
 }
 
 struct OutsideGateway {
-    name: &'static str,
+    /// "embedded" or "Redis", with " (baseline)" for the `OBOL_BENCH_BASELINE` binary's.
+    name: String,
     child: Child,
     url: String,
     session: String,
@@ -1485,20 +1488,34 @@ impl Rig {
         )
         .unwrap();
         let mut gateways = Vec::new();
-        let store_file = dir.path().join("outside.redb");
-        for (name, store, file) in [
-            (
-                "embedded",
-                format!("path = {store_file:?}"),
-                Some(store_file.clone()),
-            ),
-            ("redis", format!("redis_url = {:?}", redis.url()), None),
-        ] {
-            let config = dir.path().join(format!("{name}.toml"));
-            std::fs::write(
-                &config,
-                format!(
-                    r#"
+        // `OBOL_BENCH_BASELINE=/path/to/obol` runs another build's gateways beside this
+        // build's, interleaved in the same runs: a change measured against the code before it
+        // on the same machine minute, not against figures from another day.
+        let this_build = std::path::PathBuf::from(env!("CARGO_BIN_EXE_obol"));
+        let binaries: Vec<(&str, std::path::PathBuf)> = std::iter::once(("", this_build))
+            .chain(
+                std::env::var_os("OBOL_BENCH_BASELINE")
+                    .map(|path| (" (baseline)", std::path::PathBuf::from(path))),
+            )
+            .collect();
+        for (index, (suffix, binary)) in binaries.iter().enumerate() {
+            let store_file = dir.path().join(format!("outside-{index}.redb"));
+            // Each binary's Redis gateway uses a database of its own.
+            let redis_url = format!("{}{index}", redis.url());
+            for (store_name, store, file) in [
+                (
+                    "embedded",
+                    format!("path = {store_file:?}"),
+                    Some(store_file.clone()),
+                ),
+                ("Redis", format!("redis_url = {redis_url:?}"), None),
+            ] {
+                let name = format!("{store_name}{suffix}");
+                let config = dir.path().join(format!("{store_name}-{index}.toml"));
+                std::fs::write(
+                    &config,
+                    format!(
+                        r#"
 [runtime]
 max_concurrent_calls = 64
 [connectors]
@@ -1517,26 +1534,30 @@ environment = "dev"
 allowed_tools = ["stripe.*"]
 [approvals]
 signing_key = {{ id = "bench", file = {signing_key:?} }}
+[admin]
+token_hash = "{}"
 [store]
 {store}
 "#,
-                    KeyHash::of_token(TOKEN)
-                ),
-            )
-            .unwrap();
-            let mut obol = std::process::Command::new(env!("CARGO_BIN_EXE_obol"));
-            obol.args(["serve", "--listen", "127.0.0.1:0", "--config"])
-                .arg(&config)
-                .env("RUST_LOG", "warn");
-            let (child, url) = spawn_reading(obol, "obol listening on ");
-            let session = initialize(http, &url).await;
-            gateways.push(OutsideGateway {
-                name,
-                child,
-                url,
-                session,
-                store_file: file,
-            });
+                        KeyHash::of_token(TOKEN),
+                        KeyHash::of_token(ADMIN_TOKEN)
+                    ),
+                )
+                .unwrap();
+                let mut obol = std::process::Command::new(binary);
+                obol.args(["serve", "--listen", "127.0.0.1:0", "--config"])
+                    .arg(&config)
+                    .env("RUST_LOG", "warn");
+                let (child, url) = spawn_reading(obol, "obol listening on ");
+                let session = initialize(http, &url).await;
+                gateways.push(OutsideGateway {
+                    name,
+                    child,
+                    url,
+                    session,
+                    store_file: file,
+                });
+            }
         }
         Rig {
             _vendor: vendor_process,
@@ -1614,6 +1635,32 @@ impl OutsideGateway {
         Duration::from_millis(ticks * 10)
     }
 
+    /// Seconds spent so far in each timed lifecycle phase (claim, dispatch, finalize), summed
+    /// over calls, and the calls counted, from the gateway's `/metrics`.
+    async fn phases(&self, http: &reqwest::Client) -> [(f64, f64); 3] {
+        let url = self.url.replace("/mcp", "/metrics");
+        let text = http
+            .get(url)
+            .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let value = |series: &str| {
+            text.lines()
+                .find_map(|line| line.strip_prefix(series)?.trim().parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        ["claim", "dispatch", "finalize"].map(|phase| {
+            (
+                value(&format!("obol_phase_seconds_sum{{phase=\"{phase}\"}}")),
+                value(&format!("obol_phase_seconds_count{{phase=\"{phase}\"}}")),
+            )
+        })
+    }
+
     fn open_fds(&self) -> usize {
         std::fs::read_dir(format!("/proc/{}/fd", self.pid())).map_or(0, Iterator::count)
     }
@@ -1645,20 +1692,29 @@ async fn outside(redis: &Redis) {
         );
     }
     println!(
-        "  {:<26} {:>10} {:>10} {:>12} {:>14} {:>16}",
+        "  {:<34} {:>10} {:>10} {:>12} {:>14} {:>16}",
         "", "p50", "p99", "calls/s", "vs direct", "gateway CPU/call"
     );
     let direct = rig.direct(&http);
     for concurrency in [1usize, 32] {
-        let mut runs: Vec<Vec<Figures>> = vec![Vec::new(), Vec::new(), Vec::new()];
-        let mut cpu: Vec<Vec<Duration>> = vec![Vec::new(), Vec::new()];
+        let mut runs: Vec<Vec<Figures>> = (0..=rig.gateways.len()).map(|_| Vec::new()).collect();
+        let mut cpu: Vec<Vec<Duration>> = vec![Vec::new(); rig.gateways.len()];
+        let mut phases = vec![[(0.0, 0.0); 3]; rig.gateways.len()];
         for _ in 0..3 {
             runs[0].push(load(concurrency, direct.clone()).await);
             for (i, gateway) in rig.gateways.iter().enumerate() {
-                let before = gateway.cpu();
+                let (before, phases_before) = (gateway.cpu(), gateway.phases(&http).await);
                 let figures = load(concurrency, gateway.call(&http)).await;
                 let calls = WARM_UP as f64 + figures.rate * RUN_FOR.as_secs_f64();
                 cpu[i].push((gateway.cpu() - before).div_f64(calls));
+                let phases_after = gateway.phases(&http).await;
+                for (total, (after, before)) in phases[i]
+                    .iter_mut()
+                    .zip(phases_after.iter().zip(phases_before))
+                {
+                    total.0 += after.0 - before.0;
+                    total.1 += after.1 - before.1;
+                }
                 runs[i + 1].push(figures);
             }
         }
@@ -1679,30 +1735,50 @@ async fn outside(redis: &Redis) {
             }
         };
         let direct_figures = median(&mut runs[0]);
-        for (label, figures) in ["direct", "Obol, embedded store", "Obol, Redis store"]
-            .iter()
-            .zip(runs.iter_mut())
-        {
+        let labels = std::iter::once("direct".to_owned()).chain(
+            rig.gateways
+                .iter()
+                .map(|gateway| format!("Obol, {}", gateway.name)),
+        );
+        for (row, (label, figures)) in labels.zip(runs.iter_mut()).enumerate() {
             let f = median(figures);
-            let (versus, cpu) = match label.strip_prefix("Obol, ") {
+            let (versus, cpu) = match row.checked_sub(1) {
                 None => (String::new(), String::new()),
-                Some(store) => (
+                Some(gateway) => (
                     format!(
                         "+{} / {:.0} %",
                         us(f.p50.saturating_sub(direct_figures.p50)),
                         100.0 * f.rate / direct_figures.rate
                     ),
-                    us(cpu[usize::from(store.starts_with("Redis"))][1]),
+                    us(cpu[gateway][1]),
                 ),
             };
             println!(
-                "  {:<26} {:>10} {:>10} {:>12.0} {:>14} {:>16}",
+                "  {:<34} {:>10} {:>10} {:>12.0} {:>14} {:>16}",
                 format!("{label} c={concurrency}"),
                 us(f.p50),
                 us(f.p99),
                 f.rate,
                 versus,
                 cpu
+            );
+        }
+        // Where a call's wall time goes inside the gateway, from its own phase timers; the
+        // rest of a call's mean time in flight (concurrency / rate, Little's law) is the
+        // client, the MCP hop, parsing, routing, the guest's prepare and the response.
+        for ((gateway, phases), figures) in rig.gateways.iter().zip(&phases).zip(&runs[1..]) {
+            let mean = |(sum, count): (f64, f64)| {
+                Duration::from_secs_f64(if count > 0.0 { sum / count } else { 0.0 })
+            };
+            let [claim, dispatch, finalize] = phases.map(mean);
+            let rate = figures.iter().map(|f| f.rate).sum::<f64>() / figures.len() as f64;
+            println!(
+                "    {} c={concurrency}, mean per call: in flight {}, claim {}, dispatch {}, finalize {}",
+                gateway.name,
+                us(Duration::from_secs_f64(concurrency as f64 / rate)),
+                us(claim),
+                us(dispatch),
+                us(finalize)
             );
         }
     }
