@@ -26,6 +26,7 @@
 //! offline).
 
 pub mod admin;
+pub mod allocator;
 pub mod approvals;
 pub mod broker;
 pub mod capability;
