@@ -1700,9 +1700,16 @@ async fn outside(redis: &Redis) {
         let mut runs: Vec<Vec<Figures>> = (0..=rig.gateways.len()).map(|_| Vec::new()).collect();
         let mut cpu: Vec<Vec<Duration>> = vec![Vec::new(); rig.gateways.len()];
         let mut phases = vec![[(0.0, 0.0); 3]; rig.gateways.len()];
-        for _ in 0..3 {
+        for round in 0..3 {
             runs[0].push(load(concurrency, direct.clone()).await);
-            for (i, gateway) in rig.gateways.iter().enumerate() {
+            // Every other round runs the gateways in reverse, so none always runs right after
+            // the same neighbour (an embedded run's checkpoint can spill into the next run).
+            let mut order: Vec<usize> = (0..rig.gateways.len()).collect();
+            if round % 2 == 1 {
+                order.reverse();
+            }
+            for i in order {
+                let gateway = &rig.gateways[i];
                 let (before, phases_before) = (gateway.cpu(), gateway.phases(&http).await);
                 let figures = load(concurrency, gateway.call(&http)).await;
                 let calls = WARM_UP as f64 + figures.rate * RUN_FOR.as_secs_f64();

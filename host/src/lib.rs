@@ -26,7 +26,6 @@
 //! offline).
 
 pub mod admin;
-pub mod allocator;
 pub mod approvals;
 pub mod broker;
 pub mod capability;

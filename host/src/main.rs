@@ -14,9 +14,6 @@ use obol::config::{Config, RuntimeConfig};
 use obol::policy::KeyHash;
 use obol::runtime::Runtime;
 
-#[global_allocator]
-static ALLOCATOR: obol::allocator::MiMalloc = obol::allocator::MiMalloc;
-
 #[derive(Parser)]
 #[command(
     name = "obol",
@@ -503,7 +500,6 @@ fn write_secret(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
 }
 
 fn main() -> ExitCode {
-    obol::allocator::tune();
     let cli = Cli::parse();
     let colours = std::io::IsTerminal::is_terminal(&std::io::stderr());
     use tracing_subscriber::layer::{Layer, SubscriberExt};
