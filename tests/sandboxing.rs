@@ -22,6 +22,39 @@ async fn error_type(client: &McpClient, tool: &str) -> (i32, String, String) {
     (code, kind.unwrap_or_default(), message)
 }
 
+/// An infinite loop is stopped by the epoch deadline (500 ms in the test config), answered
+/// within `within`.
+async fn spin_is_stopped(client: &McpClient, within: Duration) {
+    let started = Instant::now();
+    let (code, kind, message) = error_type(client, "hostile.spin").await;
+    assert_eq!((code, kind.as_str()), (-32019, "component_failed"));
+    assert!(message.contains("deadline"), "{message}");
+    assert!(started.elapsed() < within, "{:?}", started.elapsed());
+}
+
+/// An idle gateway does not wake every epoch tick (500 times a second), and a guest that
+/// spins after the idle gateway stopped ticking is still stopped at its deadline.
+#[tokio::test]
+async fn an_idle_gateway_stops_ticking_and_still_stops_a_spinning_guest() {
+    let vendor = MockVendor::start().await;
+    let gateway = GatewayProcess::start(&GatewayConfig::new(&vendor.base_url()));
+    let client = McpClient::connect(&gateway.url, TOKEN).await;
+    still_serving(&client).await;
+
+    // The ticker runs on for a second after the last guest, then parks.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let before = gateway.thread_wakeups("obol-epoch");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let idle = gateway.thread_wakeups("obol-epoch") - before;
+    assert!(
+        idle <= 5,
+        "the epoch thread woke {idle} times in an idle second"
+    );
+
+    spin_is_stopped(&client, Duration::from_secs(2)).await;
+    still_serving(&client).await;
+}
+
 #[tokio::test]
 async fn hostile_components_are_stopped_and_the_gateway_keeps_serving() {
     let vendor = MockVendor::start().await;
@@ -29,16 +62,7 @@ async fn hostile_components_are_stopped_and_the_gateway_keeps_serving() {
     let client = McpClient::connect(&gateway.url, TOKEN).await;
     still_serving(&client).await;
 
-    // An infinite loop is stopped by the epoch deadline (500 ms in the test config).
-    let started = Instant::now();
-    let (code, kind, message) = error_type(&client, "hostile.spin").await;
-    assert_eq!((code, kind.as_str()), (-32019, "component_failed"));
-    assert!(message.contains("deadline"), "{message}");
-    assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "{:?}",
-        started.elapsed()
-    );
+    spin_is_stopped(&client, Duration::from_secs(5)).await;
     still_serving(&client).await;
 
     // A memory bomb traps at the cap (32 MiB in the test config).

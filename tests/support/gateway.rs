@@ -356,6 +356,28 @@ impl GatewayProcess {
         self.status_kib("VmRSS:") as f64 / 1024.0
     }
 
+    /// How many times the gateway's thread named `name` has gone to sleep and been woken so
+    /// far (`voluntary_ctxt_switches` of its `/proc` task).
+    pub fn thread_wakeups(&self, name: &str) -> u64 {
+        let tasks = format!("/proc/{}/task", self.child.id());
+        std::fs::read_dir(tasks)
+            .unwrap()
+            .filter_map(|task| {
+                let task = task.ok()?.path();
+                let comm = std::fs::read_to_string(task.join("comm")).ok()?;
+                (comm.trim() == name).then(|| std::fs::read_to_string(task.join("status")).ok())?
+            })
+            .find_map(|status| {
+                status.lines().find_map(|line| {
+                    line.strip_prefix("voluntary_ctxt_switches:")?
+                        .trim()
+                        .parse()
+                        .ok()
+                })
+            })
+            .unwrap_or_else(|| panic!("no thread named {name}"))
+    }
+
     fn status_kib(&self, field: &str) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
         status

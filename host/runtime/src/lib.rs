@@ -182,6 +182,8 @@ pub struct GuestState {
     limits: MemoryLimit,
     connector: Arc<str>,
     log_lines: u32,
+    /// Keeps the epoch ticking while this guest's store lives.
+    _ticking: Ticking,
 }
 
 /// A memory limiter that remembers whether it refused a growth, so that the trap that
@@ -283,7 +285,7 @@ pub struct Runtime {
     slots: Semaphore,
     /// Compiled components alive (`Guest`s): what hot swaps must not pile up.
     alive: Arc<AtomicUsize>,
-    _ticker: EpochTicker,
+    ticker: EpochTicker,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -340,7 +342,7 @@ impl Runtime {
         .map_err(|e| anyhow::anyhow!("{e}"))?;
         let cache = limits.cache_dir.clone().map(CompileCache::new);
         Ok(Runtime {
-            _ticker: EpochTicker::start(engine.clone()),
+            ticker: EpochTicker::start(engine.clone()),
             engine,
             linker,
             cache,
@@ -525,6 +527,7 @@ impl Runtime {
             },
             connector,
             log_lines: 0,
+            _ticking: self.ticker.ticking(),
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|state| &mut state.limits);
@@ -543,31 +546,93 @@ impl Runtime {
     }
 }
 
-/// Advances the engine's epoch on a dedicated thread; dropping it stops the thread.
+/// How long the epoch keeps ticking after the last guest's store is gone: under load it never
+/// stops (no wake-up on a call's path), and an idle gateway does not wake every tick.
+const IDLE_AFTER: Duration = Duration::from_secs(1);
+
+/// Advances the engine's epoch on a dedicated thread while guests run, and for
+/// [`IDLE_AFTER`] after the last one; then the thread parks until a guest's store is made.
+/// Dropping it stops the thread.
 struct EpochTicker {
-    stop: Arc<AtomicBool>,
+    shared: Arc<TickerShared>,
+    thread: std::thread::Thread,
+}
+
+#[derive(Debug)]
+struct TickerShared {
+    stop: AtomicBool,
+    /// Guest stores alive.
+    guests: AtomicUsize,
+    /// The thread is parked or about to park; whoever sees it set wakes it.
+    parked: AtomicBool,
+}
+
+/// One guest store's hold on the ticker.
+#[derive(Debug)]
+struct Ticking {
+    shared: Arc<TickerShared>,
 }
 
 impl EpochTicker {
     fn start(engine: Engine) -> EpochTicker {
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&stop);
-        std::thread::Builder::new()
+        let shared = Arc::new(TickerShared {
+            stop: AtomicBool::new(false),
+            guests: AtomicUsize::new(0),
+            parked: AtomicBool::new(false),
+        });
+        let state = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
             .name("obol-epoch".into())
             .spawn(move || {
-                while !flag.load(Ordering::Relaxed) {
+                let mut idle_since = Instant::now();
+                while !state.stop.load(Ordering::SeqCst) {
                     std::thread::sleep(EPOCH_TICK);
                     engine.increment_epoch();
+                    if state.guests.load(Ordering::SeqCst) > 0 {
+                        idle_since = Instant::now();
+                    } else if idle_since.elapsed() >= IDLE_AFTER {
+                        // Announce the park before the last look at the count: a guest that
+                        // arrives after that look sees the flag and unparks (a wake before
+                        // `park` makes it return at once).
+                        state.parked.store(true, Ordering::SeqCst);
+                        if state.guests.load(Ordering::SeqCst) == 0
+                            && !state.stop.load(Ordering::SeqCst)
+                        {
+                            std::thread::park();
+                        }
+                        state.parked.store(false, Ordering::SeqCst);
+                        idle_since = Instant::now();
+                    }
                 }
             })
-            .expect("spawn the epoch thread");
-        EpochTicker { stop }
+            .expect("spawn the epoch thread")
+            .thread()
+            .clone();
+        EpochTicker { shared, thread }
+    }
+
+    /// Keeps the epoch advancing until the returned hold is dropped.
+    fn ticking(&self) -> Ticking {
+        self.shared.guests.fetch_add(1, Ordering::SeqCst);
+        if self.shared.parked.load(Ordering::SeqCst) {
+            self.thread.unpark();
+        }
+        Ticking {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl Drop for Ticking {
+    fn drop(&mut self) {
+        self.shared.guests.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
 impl Drop for EpochTicker {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.shared.stop.store(true, Ordering::SeqCst);
+        self.thread.unpark();
     }
 }
 
