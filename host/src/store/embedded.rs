@@ -1,16 +1,23 @@
 //! The embedded backend: one redb file, durable across restarts.
 //!
-//! Writes are group-committed by a leader: the writer that finds no commit under way applies
-//! every queued operation in one redb transaction, makes it durable with one fsync of the
-//! journal (`journal.rs`), on its own thread, then does the same for whatever queued
-//! meanwhile (a blocking-pool thread takes over after two rounds). Durability is never relaxed: a caller's
-//! write is acknowledged only after the fsync that covers it, but concurrent callers share
-//! that fsync instead of paying one each, and a lone write pays no thread hand-off
+//! Writes are group-committed by a leader: the writer that finds no commit under way makes
+//! every queued operation durable with one fsync of the journal (`journal.rs`), then applies
+//! them to redb, on its own thread, then does the same for whatever queued meanwhile (a
+//! blocking-pool thread takes over after two rounds). Durability is never relaxed: a
+//! caller's write is acknowledged only after the fsync that covers it, but concurrent callers
+//! share that fsync instead of paying one each, and a lone write pays no thread hand-off
 //! (ADR-0049).
+//!
+//! The batches are applied to one open redb transaction that is committed only when a reader
+//! needs to see them, every few hundred writes, or at the next checkpoint, not once per
+//! batch: a redb commit (a new
+//! root for every table written, dirty pages written out) cost more than applying the writes
+//! (ADR-0053). Readers ask the leader to commit it first (`Work::Publish`) whenever it holds
+//! acknowledged writes, so every read sees every acknowledged write.
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
@@ -56,6 +63,9 @@ const MAX_BATCH: usize = 256;
 const INLINE_ROUNDS: usize = 2;
 /// The journal's size on disk; a checkpoint starts it over when it is half full.
 const JOURNAL_BYTES: u64 = 8 << 20;
+/// The most writes the pending transaction takes before it is committed (without an fsync):
+/// its dirty pages stay in memory until then, about 5 KiB per call's writes.
+const PUBLISH_AFTER: usize = 512;
 /// The longest the journal goes without a checkpoint while writes arrive: what a restart may
 /// have to apply again.
 const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
@@ -77,6 +87,10 @@ struct Inner {
     queue: Mutex<Queue>,
     /// Locked by the leader only, so never contended.
     writer: Mutex<Writer>,
+    /// Whether the writer's pending transaction holds acknowledged writes that readers cannot
+    /// see yet. Set after a batch is applied, before its callers are answered; cleared after
+    /// the commit that covers it.
+    unpublished: AtomicBool,
     syncs: AtomicU64,
 }
 
@@ -88,9 +102,32 @@ struct Writer {
     /// The last sequence made durable in redb itself.
     checkpointed: u64,
     last_checkpoint: std::time::Instant,
-    /// Set when the journal failed and could not be started over: the store refuses writes
-    /// from then on, since what is on disk is no longer known.
+    /// Set when the journal failed and could not be started over, or a journaled batch could
+    /// not be applied: the store refuses writes from then on, since what is on disk (or in
+    /// `pending`) is no longer known.
     broken: Option<String>,
+    /// The transaction every batch since the last commit was applied in.
+    pending: Option<Pending>,
+}
+
+/// An open redb transaction holding journaled writes: seen by no reader until committed.
+struct Pending {
+    txn: redb::WriteTransaction,
+    /// How many writes it holds, to bound the dirty pages it keeps in memory.
+    writes: usize,
+}
+
+impl Writer {
+    /// The pending transaction, begun if there is none.
+    fn pending(&mut self, db: &Database) -> Result<&mut Pending, StoreError> {
+        if self.pending.is_none() {
+            let mut txn = db.begin_write().map_err(failed)?;
+            // Durable in the journal already; redb's own fsync waits for the checkpoint.
+            txn.set_durability(Durability::None).map_err(failed)?;
+            self.pending = Some(Pending { txn, writes: 0 });
+        }
+        Ok(self.pending.as_mut().expect("begun above"))
+    }
 }
 
 /// The writes waiting for a commit, and whether a leader is committing.
@@ -150,11 +187,25 @@ enum Reply {
     Put(oneshot::Sender<Result<(), StoreError>>),
     Decided(oneshot::Sender<Result<Decided, StoreError>>),
     Compacted(oneshot::Sender<Result<usize, StoreError>>),
+    Published(oneshot::Sender<Result<(), StoreError>>),
 }
 
-/// A queued write and its caller.
+/// What a queued operation asks of the leader.
+enum Work {
+    Write(Write),
+    /// Commit the pending transaction, so that a reader sees every acknowledged write.
+    Publish,
+}
+
+impl From<Write> for Work {
+    fn from(write: Write) -> Work {
+        Work::Write(write)
+    }
+}
+
+/// A queued operation and its caller.
 struct Op {
-    write: Write,
+    work: Work,
     reply: Reply,
 }
 
@@ -201,6 +252,7 @@ impl EmbeddedStore {
                 db,
                 queue: Mutex::default(),
                 writer: Mutex::new(writer),
+                unpublished: AtomicBool::new(false),
                 syncs: AtomicU64::new(0),
             }),
             retention: super::DEFAULT_RETENTION,
@@ -341,6 +393,7 @@ impl EmbeddedStore {
         &self,
         registry: Registry,
     ) -> Result<BTreeMap<String, String>, StoreError> {
+        self.visible().await?;
         let txn = self.inner.db.begin_read().map_err(failed)?;
         let table = txn.open_table(REGISTRY).map_err(failed)?;
         let (start, end) = (
@@ -357,10 +410,12 @@ impl EmbeddedStore {
     }
 
     pub async fn ticket(&self, id: &ApprovalId) -> Result<Option<Ticket>, StoreError> {
+        self.visible().await?;
         read_json(&self.inner.db, TICKETS, id.as_str())
     }
 
     pub async fn tickets(&self, workspace: &str, limit: usize) -> Result<Vec<Ticket>, StoreError> {
+        self.visible().await?;
         newest(
             &self.inner.db,
             TICKET_INDEX,
@@ -377,14 +432,14 @@ impl EmbeddedStore {
     /// writer meanwhile queues and waits without blocking.
     async fn ask<T>(
         &self,
-        write: Write,
+        work: impl Into<Work>,
         reply: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> Reply,
     ) -> Result<T, StoreError> {
         let (sender, answer) = oneshot::channel();
         let lead = {
             let mut queue = self.inner.lock();
             queue.ops.push(Op {
-                write,
+                work: work.into(),
                 reply: reply(sender),
             });
             !std::mem::replace(&mut queue.leading, true)
@@ -397,8 +452,20 @@ impl EmbeddedStore {
             .map_err(|_| failed("the store's commit failed before it answered"))?
     }
 
+    /// Makes every acknowledged write visible to readers: commits the pending transaction if
+    /// it holds any. Every read starts here.
+    async fn visible(&self) -> Result<(), StoreError> {
+        // Acquire pairs with the leader's Release: a `false` read here comes after the commit
+        // that covered every write answered before it.
+        if !self.inner.unpublished.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.ask(Work::Publish, Reply::Published).await
+    }
+
     /// Every slot matching `glob` (`store::glob_matches`).
     pub async fn slots_matching(&self, glob: &str) -> Result<Vec<String>, StoreError> {
+        self.visible().await?;
         let txn = self.inner.db.begin_read().map_err(failed)?;
         let claims = txn.open_table(CLAIMS).map_err(failed)?;
         let mut out = Vec::new();
@@ -412,12 +479,14 @@ impl EmbeddedStore {
     }
 
     pub async fn holds_claims(&self) -> Result<bool, StoreError> {
+        self.visible().await?;
         let txn = self.inner.db.begin_read().map_err(failed)?;
         let claims = txn.open_table(CLAIMS).map_err(failed)?;
         Ok(claims.first().map_err(failed)?.is_some())
     }
 
     pub async fn get(&self, key: &ClaimKey) -> Result<Option<ClaimRecord>, StoreError> {
+        self.visible().await?;
         read_json(&self.inner.db, CLAIMS, &key.slot())
     }
 
@@ -426,6 +495,7 @@ impl EmbeddedStore {
         now_ms: u64,
         limit: usize,
     ) -> Result<Vec<(String, ClaimRecord)>, StoreError> {
+        self.visible().await?;
         let txn = self.inner.db.begin_read().map_err(failed)?;
         let leases = txn.open_table(LEASES).map_err(failed)?;
         let claims = txn.open_table(CLAIMS).map_err(failed)?;
@@ -452,6 +522,7 @@ impl EmbeddedStore {
     }
 
     pub async fn receipt(&self, workspace: &str, id: &str) -> Result<Option<Receipt>, StoreError> {
+        self.visible().await?;
         read_json(&self.inner.db, RECEIPTS, &format!("{workspace}\0{id}"))
     }
 
@@ -460,6 +531,7 @@ impl EmbeddedStore {
         workspace: &str,
         limit: usize,
     ) -> Result<Vec<Receipt>, StoreError> {
+        self.visible().await?;
         newest(
             &self.inner.db,
             RECEIPT_INDEX,
@@ -805,8 +877,8 @@ impl Inner {
                         answer(op.reply, result);
                     }
                 }
-                // Refused before anything was journaled, or journaled with its redb commit
-                // failed (then the store is broken and says so; see `commit`).
+                // Refused before anything was journaled, or journaled and then not applied or
+                // committed (then the store is broken and says so; see `commit`).
                 Err(error) => {
                     for op in batch {
                         answer(op.reply, Err(error.clone()));
@@ -818,16 +890,15 @@ impl Inner {
                     || (writer.sequence > writer.checkpointed
                         && writer.last_checkpoint.elapsed() >= CHECKPOINT_EVERY))
             {
-                if let Err(error) = checkpoint(&self.db, &mut writer) {
-                    writer.broken = Some(error.to_string());
-                }
-                self.syncs.fetch_add(1, Ordering::Relaxed);
+                // A failure leaves the store broken; the next write says so.
+                let _ = self.checkpoint(&mut writer);
             }
         }
     }
 
-    /// Applies a batch in one redb transaction, journals its writes, then commits the
-    /// transaction without an fsync: the journal record is what makes it durable.
+    /// Journals a batch's writes (one fsync), then applies them to the pending transaction;
+    /// commits it, without an fsync, if a reader in the batch asked to see them or it holds
+    /// [`PUBLISH_AFTER`] writes.
     fn commit(
         &self,
         writer: &mut Writer,
@@ -838,39 +909,120 @@ impl Inner {
                 "the store's journal failed ({why}); restart the gateway"
             )));
         }
-        let writes: Vec<&Write> = batch.iter().map(|op| &op.write).collect();
-        let payload = serde_json::to_vec(&writes).map_err(failed)?;
-        if !writer.journal.fits(payload.len()) {
-            // Make room first: a checkpoint starts the journal over.
-            checkpoint(&self.db, writer)?;
-            self.syncs.fetch_add(1, Ordering::Relaxed);
-        }
-        let sequence = writer.sequence + 1;
-        let mut txn = self.db.begin_write().map_err(failed)?;
-        txn.set_durability(Durability::None).map_err(failed)?;
-        let results = apply(&txn, batch.iter().map(|op| &op.write))?;
-        mark_applied(&txn, sequence)?;
-        self.syncs.fetch_add(1, Ordering::Relaxed);
-        if let Err(error) = writer.journal.append(sequence, &payload) {
-            // The record may be on disk in part or whole: start a new generation so it is
-            // never applied, after making everything before it durable in redb.
-            drop(txn);
-            if let Err(again) = checkpoint(&self.db, writer) {
-                writer.broken = Some(format!("{error}; then {again}"));
+        let writes: Vec<&Write> = batch
+            .iter()
+            .filter_map(|op| match &op.work {
+                Work::Write(write) => Some(write),
+                Work::Publish => None,
+            })
+            .collect();
+        let mut applied = Vec::new().into_iter();
+        if !writes.is_empty() {
+            let payload = serde_json::to_vec(&writes).map_err(failed)?;
+            if !writer.journal.fits(payload.len()) {
+                // Make room first: a checkpoint starts the journal over.
+                self.checkpoint(writer)?;
             }
-            return Err(failed(format!("the store's journal: {error}")));
+            let sequence = writer.sequence + 1;
+            if let Err(error) = writer.journal.append(sequence, &payload) {
+                // The record may be on disk in part or whole: start a new generation so it is
+                // never applied, after making everything before it durable in redb.
+                if let Err(again) = self.checkpoint(writer) {
+                    writer.broken = Some(format!("{error}; then {again}"));
+                }
+                return Err(failed(format!("the store's journal: {error}")));
+            }
+            self.syncs.fetch_add(1, Ordering::Relaxed);
+            writer.sequence = sequence;
+            // Journaled: from here the batch must reach redb or the store must stop, since a
+            // later commit of the pending transaction would mark it applied. Armed before, and
+            // disarmed after, so that a panic while applying leaves the store refusing writes.
+            writer.broken = Some("a journaled batch was not applied".into());
+            let pending = writer.pending(&self.db)?;
+            pending.writes += writes.len();
+            let results = apply(&pending.txn, writes.into_iter())
+                .and_then(|results| mark_applied(&pending.txn, sequence).map(|()| results));
+            match results {
+                Ok(results) => {
+                    writer.broken = None;
+                    applied = results.into_iter();
+                }
+                Err(error) => {
+                    writer.pending = None;
+                    writer.broken = Some(error.to_string());
+                    return Err(failed(format!(
+                        "the store journaled a write but could not apply it ({error}); restart the gateway"
+                    )));
+                }
+            }
+            self.unpublished.store(true, Ordering::Release);
         }
-        writer.sequence = sequence;
-        if let Err(error) = txn.commit() {
-            // Journaled but not in redb: the batch's outcome is unknown (a restart would
-            // apply it, a checkpoint would drop it), so the store stops taking writes and
-            // its callers fail closed.
+        let full = writer
+            .pending
+            .as_ref()
+            .is_some_and(|pending| pending.writes >= PUBLISH_AFTER);
+        if full || batch.iter().any(|op| matches!(op.work, Work::Publish)) {
+            self.publish(writer)?;
+        }
+        Ok(batch
+            .iter()
+            .map(|op| match op.work {
+                Work::Write(_) => applied
+                    .next()
+                    .unwrap_or_else(|| Err(failed("a write without a result"))),
+                Work::Publish => Ok(Applied::Published),
+            })
+            .collect())
+    }
+
+    /// Commits the pending transaction without an fsync: its writes are in the journal.
+    fn publish(&self, writer: &mut Writer) -> Result<(), StoreError> {
+        if let Some(pending) = writer.pending.take()
+            && let Err(error) = pending.txn.commit()
+        {
+            // Journaled but not in redb: the outcome of what it held is unknown to this
+            // process (a restart would apply it, a checkpoint would drop it), so the store
+            // stops taking writes and its callers fail closed.
             writer.broken = Some(error.to_string());
             return Err(failed(format!(
-                "the store journaled a write but could not commit it ({error}); restart the gateway"
+                "the store journaled writes but could not commit them ({error}); restart the gateway"
             )));
         }
-        Ok(results)
+        self.unpublished.store(false, Ordering::Release);
+        Ok(())
+    }
+
+    /// A checkpoint that fails leaves the store refusing writes: it may have dropped the
+    /// pending transaction, whose writes only the journal then holds.
+    fn checkpoint(&self, writer: &mut Writer) -> Result<(), StoreError> {
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        match checkpoint(&self.db, writer) {
+            Ok(()) => {
+                self.unpublished.store(false, Ordering::Release);
+                Ok(())
+            }
+            Err(error) => {
+                writer.broken.get_or_insert_with(|| error.to_string());
+                Err(error)
+            }
+        }
+    }
+}
+
+impl Drop for Inner {
+    /// Commits what is pending so that redb's close makes it durable, as it does every
+    /// non-durable commit: a clean shutdown leaves nothing for the journal to apply again.
+    fn drop(&mut self) {
+        let writer = self
+            .writer
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner);
+        if writer.broken.is_none()
+            && let Some(pending) = writer.pending.take()
+            && let Err(error) = pending.txn.commit()
+        {
+            tracing::error!("the store could not commit its last writes at close: {error}");
+        }
     }
 }
 
@@ -889,9 +1041,15 @@ fn mark_applied(txn: &redb::WriteTransaction, sequence: u64) -> Result<(), Store
     Ok(())
 }
 
-/// Makes every commit so far durable in redb itself, then starts the journal over.
+/// Makes every write applied so far durable in redb itself, then starts the journal over.
 fn checkpoint(db: &Database, writer: &mut Writer) -> Result<(), StoreError> {
-    let txn = db.begin_write().map_err(failed)?;
+    let txn = match writer.pending.take() {
+        Some(Pending { mut txn, .. }) => {
+            txn.set_durability(Durability::Immediate).map_err(failed)?;
+            txn
+        }
+        None => db.begin_write().map_err(failed)?,
+    };
     // A durable commit persists the non-durable ones before it.
     txn.commit().map_err(failed)?;
     writer.journal.restart().map_err(failed)?;
@@ -918,6 +1076,7 @@ fn recover(db: &Database, path: &Path, applied: u64) -> Result<Writer, StoreErro
         checkpointed: applied,
         last_checkpoint: std::time::Instant::now(),
         broken: None,
+        pending: None,
     };
     for record in records {
         if record.sequence <= applied {
@@ -996,6 +1155,12 @@ fn answer(reply: Reply, result: Result<Applied, StoreError>) {
                 _ => Err(mismatch()),
             }));
         }
+        Reply::Published(reply) => {
+            let _ = reply.send(result.and_then(|applied| match applied {
+                Applied::Published => Ok(()),
+                _ => Err(mismatch()),
+            }));
+        }
     }
 }
 
@@ -1005,6 +1170,7 @@ enum Applied {
     PutTicket,
     DecideTicket(Decided),
     Compacted(usize),
+    Published,
 }
 
 /// Applies the batch in one transaction. An operation the store refuses (a record that does
@@ -1258,6 +1424,75 @@ mod tests {
             again.claim(&keys[0], &record).await,
             Ok(Claim::Existing(_))
         ));
+    }
+
+    fn claimed(receipt_id: &str) -> ClaimRecord {
+        serde_json::from_value(serde_json::json!({
+            "version": 1, "pin": {"request_hash": "h", "binding": "none", "fingerprint": "f"},
+            "state": {"state": "claimed"}, "attempts": 0, "lease_until_ms": 0,
+            "receipt_id": receipt_id, "key_supplied": true, "created_at_ms": 0
+        }))
+        .unwrap()
+    }
+
+    /// A batch costs no redb commit: a claim sits in the pending transaction, unseen by
+    /// redb's readers, until a reader of the store asks for it, and then it is there.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn writes_wait_in_one_transaction_until_a_reader_asks() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(&dir.path().join("s.redb")).unwrap();
+        let (first, second) = (key("pending0001"), key("pending0002"));
+        let record = claimed("rcp_p");
+        store.claim(&first, &record).await.unwrap();
+        store.claim(&second, &record).await.unwrap();
+        let committed = |k: &ClaimKey| {
+            read_json::<ClaimRecord>(&store.inner.db, CLAIMS, &k.slot())
+                .unwrap()
+                .is_some()
+        };
+        assert!(!committed(&first) && !committed(&second));
+        assert_eq!(store.get(&second).await.unwrap(), Some(record.clone()));
+        assert!(committed(&first) && committed(&second));
+    }
+
+    /// A batch the journal refuses never reaches redb; the writes acknowledged before it,
+    /// pending in redb, survive it and a crash after it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_write_the_journal_refuses_leaves_the_writes_before_it_and_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.redb");
+        let store = EmbeddedStore::open(&path).unwrap();
+        let (before, after) = (key("refused0001"), key("refused0002"));
+        let record = claimed("rcp_r");
+        store.claim(&before, &record).await.unwrap();
+        let huge = "x".repeat(JOURNAL_BYTES as usize);
+        let refused = store
+            .registry_write(Registry::Keys, "huge", &huge, RegistryWrite::Overwrite)
+            .await
+            .unwrap_err();
+        assert!(
+            refused.0.contains("larger than the store's journal"),
+            "{refused:?}"
+        );
+        assert!(matches!(
+            store.claim(&after, &record).await,
+            Ok(Claim::Acquired)
+        ));
+        let crashed = tempfile::tempdir().unwrap();
+        let copy = crashed.path().join("s.redb");
+        std::fs::copy(&path, &copy).unwrap();
+        std::fs::copy(journal_path(&path), journal_path(&copy)).unwrap();
+        for reopened in [store, EmbeddedStore::open(&copy).unwrap()] {
+            assert!(
+                !reopened
+                    .registry(Registry::Keys)
+                    .await
+                    .unwrap()
+                    .contains_key("huge")
+            );
+            assert_eq!(reopened.get(&before).await.unwrap(), Some(record.clone()));
+            assert_eq!(reopened.get(&after).await.unwrap(), Some(record.clone()));
+        }
     }
 
     /// A store file whose journal went missing refuses to open rather than silently losing
