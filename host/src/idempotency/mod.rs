@@ -51,11 +51,13 @@ impl IdempotencyKey {
         Ok(IdempotencyKey(text.to_owned()))
     }
 
-    /// A fresh key with 192 random bits.
+    /// A fresh key: the time in milliseconds and 192 random bits, so that minted keys sort
+    /// by when they were made.
     pub fn mint() -> IdempotencyKey {
-        let mut bytes = [0u8; 24];
-        getrandom::fill(&mut bytes).expect("the OS random source is available");
-        IdempotencyKey(format!("{PREFIX}{}", hex::encode(bytes)))
+        IdempotencyKey(format!(
+            "{PREFIX}{}",
+            crate::clock::time_ordered_hex::<24>()
+        ))
     }
 
     pub fn as_str(&self) -> &str {

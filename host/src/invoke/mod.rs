@@ -33,7 +33,7 @@ mod finalize;
 mod hold;
 mod owned;
 mod parse;
-mod receipt;
+pub(crate) mod receipt;
 mod render;
 pub mod resolve;
 mod route;

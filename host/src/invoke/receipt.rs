@@ -8,11 +8,9 @@ use crate::store::{
     ClaimKey, ClaimRecord, EvidenceClass, Holder, KeySource, OutcomeClass, Receipt, Verification,
 };
 
-/// `rcp_` and 128 random bits.
+/// `rcp_`, the time in milliseconds and 128 random bits: ids sort by when they were made.
 pub fn new_id() -> String {
-    let mut bytes = [0u8; 16];
-    getrandom::fill(&mut bytes).expect("the OS random source is available");
-    format!("rcp_{}", hex::encode(bytes))
+    format!("rcp_{}", crate::clock::time_ordered_hex::<16>())
 }
 
 /// How an invocation ended, as its receipt says.
