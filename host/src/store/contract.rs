@@ -52,7 +52,7 @@ fn record_leased_until(lease_until_ms: u64) -> ClaimRecord {
     )
 }
 
-fn receipt(record: &ClaimRecord, claim: &ClaimKey) -> Receipt {
+pub(crate) fn receipt(record: &ClaimRecord, claim: &ClaimKey) -> Receipt {
     Receipt {
         capability: None,
         trace_id: None,

@@ -1495,6 +1495,49 @@ mod tests {
         }
     }
 
+    /// A finalize applied again from the journal after a crash writes the audit record it
+    /// wrote the first time: applying a journaled write reads no clock.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_finalize_applied_again_writes_the_same_audit_record() {
+        use crate::store::contract;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.redb");
+        let store = EmbeddedStore::open(&path).unwrap();
+        let (k, r) = (contract::key(1), contract::record());
+        store.claim(&k, &r).await.unwrap();
+        let done = r.finalize(crate::store::StoredOutcome {
+            class: crate::store::OutcomeClass::Accepted,
+            vendor_status: Some(200),
+            response: Ok(serde_json::json!({"content": [], "isError": false})),
+        });
+        let receipt = contract::receipt(&r, &k);
+        assert!(
+            store
+                .transition(&k, &r, &done, Some(&receipt))
+                .await
+                .unwrap()
+        );
+        let crashed = tempfile::tempdir().unwrap();
+        let copy = crashed.path().join("s.redb");
+        std::fs::copy(&path, &copy).unwrap();
+        std::fs::copy(journal_path(&path), journal_path(&copy)).unwrap();
+        let audit = |db: &Database| -> Vec<Vec<u8>> {
+            let txn = db.begin_read().unwrap();
+            let table = txn.open_table(AUDIT).unwrap();
+            table
+                .iter()
+                .unwrap()
+                .map(|entry| entry.unwrap().1.value().to_vec())
+                .collect()
+        };
+        store.get(&k).await.unwrap();
+        let first = audit(&store.inner.db);
+        assert_eq!(first.len(), 1);
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        let reopened = EmbeddedStore::open(&copy).unwrap();
+        assert_eq!(audit(&reopened.inner.db), first);
+    }
+
     /// A store file whose journal went missing refuses to open rather than silently losing
     /// what the journal held since the last checkpoint.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -595,10 +595,12 @@ pub(crate) fn version_step(expected: u64, next: u64) -> StoreError {
     ))
 }
 
-/// The audit record written with a receipt (both backends write the same shape).
+/// The audit record written with a receipt (both backends write the same shape). Its time is
+/// the receipt's: a write applied again from the journal after a crash must write what it
+/// wrote the first time, so nothing here reads the clock.
 pub(crate) fn audit_event(receipt: &Receipt) -> serde_json::Value {
     serde_json::json!({
-        "at_ms": now_ms(),
+        "at_ms": receipt.finalized_at_ms,
         "workspace": receipt.workspace,
         "receipt_id": receipt.id,
         "tool": receipt.tool,
