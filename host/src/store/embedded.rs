@@ -63,6 +63,9 @@ const MAX_BATCH: usize = 256;
 const INLINE_ROUNDS: usize = 2;
 /// The journal's size on disk; a checkpoint starts it over when it is half full.
 const JOURNAL_BYTES: u64 = 8 << 20;
+/// Why the store refuses writes after a commit of the pending transaction began and never
+/// returned (a panic inside it): what the transaction held is only in the journal.
+const UNFINISHED_COMMIT: &str = "a commit of journaled writes did not finish";
 /// The most writes the pending transaction takes before it is committed (without an fsync):
 /// its dirty pages stay in memory until then, about 5 KiB per call's writes.
 const PUBLISH_AFTER: usize = 512;
@@ -977,16 +980,20 @@ impl Inner {
 
     /// Commits the pending transaction without an fsync: its writes are in the journal.
     fn publish(&self, writer: &mut Writer) -> Result<(), StoreError> {
-        if let Some(pending) = writer.pending.take()
-            && let Err(error) = pending.txn.commit()
-        {
-            // Journaled but not in redb: the outcome of what it held is unknown to this
-            // process (a restart would apply it, a checkpoint would drop it), so the store
-            // stops taking writes and its callers fail closed.
-            writer.broken = Some(error.to_string());
-            return Err(failed(format!(
-                "the store journaled writes but could not commit them ({error}); restart the gateway"
-            )));
+        if let Some(pending) = writer.pending.take() {
+            // Armed until the commit returns, as around an apply: a panic inside it would
+            // otherwise let the next batch begin from a state without these writes.
+            writer.broken = Some(UNFINISHED_COMMIT.into());
+            if let Err(error) = pending.txn.commit() {
+                // Journaled but not in redb: the outcome of what it held is unknown to this
+                // process (a restart would apply it, a checkpoint would drop it), so the
+                // store stops taking writes and its callers fail closed.
+                writer.broken = Some(error.to_string());
+                return Err(failed(format!(
+                    "the store journaled writes but could not commit them ({error}); restart the gateway"
+                )));
+            }
+            writer.broken = None;
         }
         self.unpublished.store(false, Ordering::Release);
         Ok(())
@@ -1002,7 +1009,7 @@ impl Inner {
                 Ok(())
             }
             Err(error) => {
-                writer.broken.get_or_insert_with(|| error.to_string());
+                writer.broken = Some(error.to_string());
                 Err(error)
             }
         }
@@ -1043,6 +1050,8 @@ fn mark_applied(txn: &redb::WriteTransaction, sequence: u64) -> Result<(), Store
 
 /// Makes every write applied so far durable in redb itself, then starts the journal over.
 fn checkpoint(db: &Database, writer: &mut Writer) -> Result<(), StoreError> {
+    // Armed until the commit returns (see `Inner::publish`); a failure leaves it set.
+    let before = writer.broken.replace(UNFINISHED_COMMIT.into());
     let txn = match writer.pending.take() {
         Some(Pending { mut txn, .. }) => {
             txn.set_durability(Durability::Immediate).map_err(failed)?;
@@ -1052,6 +1061,7 @@ fn checkpoint(db: &Database, writer: &mut Writer) -> Result<(), StoreError> {
     };
     // A durable commit persists the non-durable ones before it.
     txn.commit().map_err(failed)?;
+    writer.broken = before;
     writer.journal.restart().map_err(failed)?;
     writer.checkpointed = writer.sequence;
     writer.last_checkpoint = std::time::Instant::now();
