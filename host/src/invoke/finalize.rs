@@ -20,7 +20,7 @@ use super::render::Rendered;
 use super::{Answer, ClaimIdentity, Services};
 use crate::clock::now_ms;
 use crate::error::ObolError;
-use crate::store::{ClaimKey, ClaimRecord, Receipt, Store, StoredOutcome};
+use crate::store::{ClaimKey, ClaimRecord, ClaimState, Receipt, Store, StoredOutcome};
 
 /// The pauses between tries of a final write that failed (about 25 s in all; each is cut
 /// to a quarter of the lease, and each try renews the lease first).
@@ -80,16 +80,16 @@ impl Rendered {
             }
             value
         });
-        let closing = Closing {
-            outcome: StoredOutcome {
-                class,
-                vendor_status,
-                response: match &result {
-                    Ok(value) => Ok(value.clone()),
-                    Err(error) => Err(error.to_jsonrpc_error()),
-                },
-            },
-            withdrawal,
+        // The result moves into the final record and is taken back from it once the store
+        // has it: a tool's result is stored and answered without being copied.
+        let (response, refusal) = match result {
+            Ok(value) => (Ok(value), None),
+            Err(error) => (Err(error.to_jsonrpc_error()), Some(error)),
+        };
+        let outcome = StoredOutcome {
+            class,
+            vendor_status,
+            response,
         };
         let ending = Ending {
             outcome: class,
@@ -98,7 +98,7 @@ impl Rendered {
             note,
             broker_record: broker_record.as_deref(),
         };
-        let finished = closing.of(&record);
+        let finished = Closing::finish(&record, outcome, withdrawal);
         let receipt = receipt::build(&plan.claim_key, &finished, holder, ending);
         let identity = ClaimIdentity {
             key: plan.claim_key.key.clone(),
@@ -109,7 +109,10 @@ impl Rendered {
             .finalize(&plan.claim_key, &record, &finished, &receipt)
             .await
         {
-            Ok(true) => Ok(Finalized { identity, result }),
+            Ok(true) => Ok(Finalized {
+                identity,
+                result: answered(finished, refusal),
+            }),
             // Lost the claim: a lease expired under us and someone settled it. Their record
             // is the answer now.
             Ok(false) => {
@@ -121,8 +124,8 @@ impl Rendered {
                 tracing::warn!(receipt = %record.receipt_id, "could not record the outcome, retrying in the background: {error}");
                 let pending = Pending {
                     key: plan.claim_key.clone(),
+                    closing: Closing::again(&finished, withdrawal),
                     record,
-                    closing,
                     receipt,
                 };
                 let (store, lease) = (services.store.clone(), services.lease);
@@ -144,11 +147,44 @@ struct Closing {
 }
 
 impl Closing {
-    fn of(&self, record: &ClaimRecord) -> ClaimRecord {
-        match self.withdrawal {
-            Withdrawal::None => record.finalize(self.outcome.clone()),
-            Withdrawal::UnsentRetry => record.finalize_withdrawing_unsent(self.outcome.clone()),
+    fn finish(record: &ClaimRecord, outcome: StoredOutcome, withdrawal: Withdrawal) -> ClaimRecord {
+        match withdrawal {
+            Withdrawal::None => record.finalize(outcome),
+            Withdrawal::UnsentRetry => record.finalize_withdrawing_unsent(outcome),
         }
+    }
+
+    /// How `finished` was made, to make it again on a later record.
+    fn again(finished: &ClaimRecord, withdrawal: Withdrawal) -> Closing {
+        let ClaimState::Finalized { outcome } = &finished.state else {
+            unreachable!("`Closing::finish` makes only finalized records")
+        };
+        Closing {
+            outcome: outcome.clone(),
+            withdrawal,
+        }
+    }
+
+    fn of(&self, record: &ClaimRecord) -> ClaimRecord {
+        Closing::finish(record, self.outcome.clone(), self.withdrawal)
+    }
+}
+
+/// The client's answer: the refusal, or the result taken back from the record it was stored in.
+fn answered(finished: ClaimRecord, refusal: Option<ObolError>) -> Result<Value, ObolError> {
+    match (refusal, finished.state) {
+        (Some(error), _) => Err(error),
+        (
+            None,
+            ClaimState::Finalized {
+                outcome:
+                    StoredOutcome {
+                        response: Ok(value),
+                        ..
+                    },
+            },
+        ) => Ok(value),
+        (None, _) => unreachable!("a result without a refusal is stored as a finalized `Ok`"),
     }
 }
 

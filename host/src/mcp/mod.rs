@@ -18,7 +18,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, Method, Request, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 use futures_util::StreamExt;
@@ -48,12 +48,10 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
     Router::new().route("/mcp", any(handle)).with_state(gateway)
 }
 
-async fn handle(
-    State(gateway): State<Arc<Gateway>>,
-    method: Method,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
+async fn handle(State(gateway): State<Arc<Gateway>>, request: Request<Body>) -> Response {
+    // Taken apart rather than extracted: axum's `HeaderMap` extractor copies every header.
+    let (parts, body) = request.into_parts();
+    let (method, headers) = (parts.method, parts.headers);
     let version = known_version(&headers).unwrap_or(LATEST_VERSION);
     // The stateless revision has no GET stream and no session to delete.
     let stateless = headers
@@ -699,30 +697,46 @@ fn answer(
     result: Result<Outcome, ObolError>,
     claim: Option<&ClaimIdentity>,
 ) -> Response {
-    let (error_status, message) = message(id, result, claim);
+    let (error_status, mut event) = message(id, result, claim, b"event: message\ndata: ".to_vec());
+    event.extend_from_slice(b"\n\n");
     let status = error_status.unwrap_or(status);
-    let mut response = Response::new(Body::from(format!("event: message\ndata: {message}\n\n")));
+    let mut response = Response::new(Body::from(event));
     decorate(&mut response, status, version);
     response
 }
 
-/// A JSON-RPC response's text, and for an error, the status its wire gives it. An error
-/// raised after a claim exists names the claim's key and receipt, so the client can retry the
-/// same logical call.
+/// A JSON-RPC response's text, appended to `out`, and for an error, the status its wire gives
+/// it. An error raised after a claim exists names the claim's key and receipt, so the client
+/// can retry the same logical call.
 fn message(
     id: Value,
     result: Result<Outcome, ObolError>,
     claim: Option<&ClaimIdentity>,
-) -> (Option<StatusCode>, String) {
+    mut out: Vec<u8>,
+) -> (Option<StatusCode>, Vec<u8>) {
+    /// Borrows the result: a tool's result is written out once, not copied into a new tree.
+    #[derive(serde::Serialize)]
+    struct Success<'a> {
+        jsonrpc: &'static str,
+        id: &'a Value,
+        result: &'a Value,
+    }
     match result {
-        Ok(Outcome::Value(result)) => (
-            None,
-            json!({ "jsonrpc": "2.0", "id": id, "result": result }).to_string(),
-        ),
-        Ok(Outcome::Raw(result)) => (
-            None,
-            format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{result}}}"#),
-        ),
+        Ok(Outcome::Value(result)) => {
+            let success = Success {
+                jsonrpc: "2.0",
+                id: &id,
+                result: &result,
+            };
+            serde_json::to_writer(&mut out, &success).expect("a Value always serialises");
+            (None, out)
+        }
+        Ok(Outcome::Raw(result)) => {
+            out.extend_from_slice(format!(r#"{{"jsonrpc":"2.0","id":{id},"result":"#).as_bytes());
+            out.extend_from_slice(result.as_bytes());
+            out.push(b'}');
+            (None, out)
+        }
         Err(error) => {
             let mut rendered = error.to_jsonrpc_error();
             if let Some(claim) = claim
@@ -733,10 +747,9 @@ fn message(
                     data.insert("receipt_id".into(), receipt_id.clone().into());
                 }
             }
-            (
-                Some(error.wire().http),
-                json!({ "jsonrpc": "2.0", "id": id, "error": rendered }).to_string(),
-            )
+            let envelope = json!({ "jsonrpc": "2.0", "id": id, "error": rendered });
+            serde_json::to_writer(&mut out, &envelope).expect("a Value always serialises");
+            (Some(error.wire().http), out)
         }
     }
 }

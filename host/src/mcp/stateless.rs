@@ -337,7 +337,7 @@ pub(super) fn answer(
         Ok(_) => StatusCode::OK,
         Err(error) => status_of(error),
     };
-    let (_, message) = super::message(id, result, claim);
+    let (_, message) = super::message(id, result, claim, Vec::new());
     let mut response = Response::new(Body::from(message));
     *response.status_mut() = status;
     let headers = response.headers_mut();

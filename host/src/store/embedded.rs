@@ -3,10 +3,11 @@
 //! Writes are group-committed by a leader: the writer that finds no commit under way makes
 //! every queued operation durable with one fsync of the journal (`journal.rs`), then applies
 //! them to redb, on its own thread, then does the same for whatever queued meanwhile (a
-//! blocking-pool thread takes over after two rounds). Durability is never relaxed: a
-//! caller's write is acknowledged only after the fsync that covers it, but concurrent callers
-//! share that fsync instead of paying one each, and a lone write pays no thread hand-off
-//! (ADR-0049).
+//! blocking-pool thread takes over after two rounds). Each caller serialises its own journal
+//! entry before queueing it, so the leader, whom every write waits for, only joins them.
+//! Durability is never relaxed: a caller's write is acknowledged only after the fsync that
+//! covers it, but concurrent callers share that fsync instead of paying one each, and a lone
+//! write pays no thread hand-off (ADR-0049).
 //!
 //! The batches are applied to one open redb transaction that is committed only when a reader
 //! needs to see them, every few hundred writes, or at the next checkpoint, not once per
@@ -195,14 +196,22 @@ enum Reply {
 
 /// What a queued operation asks of the leader.
 enum Work {
-    Write(Write),
+    Write(Journaled),
     /// Commit the pending transaction, so that a reader sees every acknowledged write.
     Publish,
 }
 
-impl From<Write> for Work {
-    fn from(write: Write) -> Work {
-        Work::Write(write)
+/// A write and its journal entry, serialised by its caller: the leader, which every write
+/// waits for, only joins the entries of a batch.
+struct Journaled {
+    write: Write,
+    entry: Vec<u8>,
+}
+
+impl Work {
+    fn write(write: Write) -> Result<Work, StoreError> {
+        let entry = serde_json::to_vec(&write).map_err(failed)?;
+        Ok(Work::Write(Journaled { write, entry }))
     }
 }
 
@@ -266,11 +275,11 @@ impl EmbeddedStore {
         let lease = record.reserved_lease();
         let record = serde_json::to_string(record).map_err(failed)?;
         self.ask(
-            Write::Claim {
+            Work::write(Write::Claim {
                 slot: key.slot(),
                 record,
                 lease,
-            },
+            })?,
             Reply::Claim,
         )
         .await
@@ -289,7 +298,7 @@ impl EmbeddedStore {
         let next_version = next.version;
         let next = serde_json::to_string(next).map_err(failed)?;
         self.ask(
-            Write::Transition {
+            Work::write(Write::Transition {
                 slot: key.slot(),
                 expected_version: expected.version,
                 next_version,
@@ -297,7 +306,7 @@ impl EmbeddedStore {
                 lease,
                 finalized_since,
                 receipt: receipt.cloned().map(Box::new),
-            },
+            })?,
             Reply::Done,
         )
         .await
@@ -305,9 +314,9 @@ impl EmbeddedStore {
 
     pub async fn record_refusal(&self, receipt: &Receipt) -> Result<(), StoreError> {
         self.ask(
-            Write::Refusal {
+            Work::write(Write::Refusal {
                 receipt: Box::new(receipt.clone()),
-            },
+            })?,
             Reply::Done,
         )
         .await
@@ -329,10 +338,10 @@ impl EmbeddedStore {
         loop {
             let done = self
                 .ask(
-                    Write::Compact {
+                    Work::write(Write::Compact {
                         horizon_ms,
                         limit: BATCH,
-                    },
+                    })?,
                     Reply::Compacted,
                 )
                 .await?;
@@ -349,9 +358,9 @@ impl EmbeddedStore {
             return Ok(());
         }
         self.ask(
-            Write::PutTicket {
+            Work::write(Write::PutTicket {
                 ticket: Box::new(ticket.clone()),
-            },
+            })?,
             Reply::Put,
         )
         .await
@@ -364,11 +373,11 @@ impl EmbeddedStore {
         at_ms: u64,
     ) -> Result<Decided, StoreError> {
         self.ask(
-            Write::DecideTicket {
+            Work::write(Write::DecideTicket {
                 id: id.clone(),
                 decision,
                 at_ms,
-            },
+            })?,
             Reply::Decided,
         )
         .await
@@ -382,11 +391,11 @@ impl EmbeddedStore {
         mode: RegistryWrite,
     ) -> Result<bool, StoreError> {
         self.ask(
-            Write::Registry {
+            Work::write(Write::Registry {
                 key: format!("{}\0{name}", registry.as_str()),
                 value: value.to_owned(),
                 mode,
-            },
+            })?,
             Reply::Done,
         )
         .await
@@ -435,14 +444,14 @@ impl EmbeddedStore {
     /// writer meanwhile queues and waits without blocking.
     async fn ask<T>(
         &self,
-        work: impl Into<Work>,
+        work: Work,
         reply: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> Reply,
     ) -> Result<T, StoreError> {
         let (sender, answer) = oneshot::channel();
         let lead = {
             let mut queue = self.inner.lock();
             queue.ops.push(Op {
-                work: work.into(),
+                work,
                 reply: reply(sender),
             });
             !std::mem::replace(&mut queue.leading, true)
@@ -912,16 +921,16 @@ impl Inner {
                 "the store's journal failed ({why}); restart the gateway"
             )));
         }
-        let writes: Vec<&Write> = batch
+        let writes: Vec<&Journaled> = batch
             .iter()
             .filter_map(|op| match &op.work {
-                Work::Write(write) => Some(write),
+                Work::Write(journaled) => Some(journaled),
                 Work::Publish => None,
             })
             .collect();
         let mut applied = Vec::new().into_iter();
         if !writes.is_empty() {
-            let payload = serde_json::to_vec(&writes).map_err(failed)?;
+            let payload = journal_payload(&writes);
             if !writer.journal.fits(payload.len()) {
                 // Make room first: a checkpoint starts the journal over.
                 self.checkpoint(writer)?;
@@ -943,7 +952,7 @@ impl Inner {
             writer.broken = Some("a journaled batch was not applied".into());
             let pending = writer.pending(&self.db)?;
             pending.writes += writes.len();
-            let results = apply(&pending.txn, writes.into_iter())
+            let results = apply(&pending.txn, writes.into_iter().map(|j| &j.write))
                 .and_then(|results| mark_applied(&pending.txn, sequence).map(|()| results));
             match results {
                 Ok(results) => {
@@ -1034,6 +1043,22 @@ impl Drop for Inner {
 }
 
 /// `<store file>.journal`, beside the redb file.
+/// A batch's journal record: its writes as one JSON array, the bytes `serde_json::to_vec`
+/// of the `Vec<Write>` would give (recovery reads it back as one).
+fn journal_payload(writes: &[&Journaled]) -> Vec<u8> {
+    let length = writes.iter().map(|j| j.entry.len() + 1).sum::<usize>() + 1;
+    let mut payload = Vec::with_capacity(length);
+    payload.push(b'[');
+    for (i, journaled) in writes.iter().enumerate() {
+        if i > 0 {
+            payload.push(b',');
+        }
+        payload.extend_from_slice(&journaled.entry);
+    }
+    payload.push(b']');
+    payload
+}
+
 fn journal_path(path: &Path) -> std::path::PathBuf {
     let mut name = path.as_os_str().to_owned();
     name.push(".journal");
@@ -1434,6 +1459,45 @@ mod tests {
             again.claim(&keys[0], &record).await,
             Ok(Claim::Existing(_))
         ));
+    }
+
+    /// Callers serialise their own writes; the leader joins them. What it journals must be
+    /// what recovery reads back: the batch serialised as one `Vec<Write>`.
+    #[test]
+    fn a_batch_is_journaled_as_the_array_of_its_writes() {
+        let record = serde_json::to_string(&claimed("rcp_a \"quoted\" \u{e9}")).unwrap();
+        let writes = vec![
+            Write::Claim {
+                slot: key("batch0001").slot(),
+                record: record.clone(),
+                lease: Some(7),
+            },
+            Write::Compact {
+                horizon_ms: 3,
+                limit: 10,
+            },
+            Write::Registry {
+                key: "r\0n".into(),
+                value: "{\"a\":[1,2]}".into(),
+                mode: RegistryWrite::Overwrite,
+            },
+        ];
+        let whole = serde_json::to_vec(&writes).unwrap();
+        let works: Vec<Work> = writes
+            .into_iter()
+            .map(|write| Work::write(write).unwrap())
+            .collect();
+        let journaled: Vec<&Journaled> = works
+            .iter()
+            .map(|work| match work {
+                Work::Write(journaled) => journaled,
+                Work::Publish => unreachable!(),
+            })
+            .collect();
+        let payload = journal_payload(&journaled);
+        assert_eq!(String::from_utf8(payload.clone()), String::from_utf8(whole));
+        let read: Vec<Write> = serde_json::from_slice(&payload).unwrap();
+        assert!(matches!(&read[0], Write::Claim { record: r, .. } if *r == record));
     }
 
     fn claimed(receipt_id: &str) -> ClaimRecord {
