@@ -196,22 +196,55 @@ enum Reply {
 
 /// What a queued operation asks of the leader.
 enum Work {
-    Write(Journaled),
+    Write(Box<Journaled>),
     /// Commit the pending transaction, so that a reader sees every acknowledged write.
     Publish,
 }
 
-/// A write and its journal entry, serialised by its caller: the leader, which every write
-/// waits for, only joins the entries of a batch.
+/// A write with what it stores rendered by its caller: the leader, which every write waits
+/// for, only joins the journal entries of a batch and copies bytes into redb.
 struct Journaled {
     write: Write,
     entry: Vec<u8>,
+    receipt: Option<RenderedReceipt>,
+}
+
+/// A receipt as the receipts table and the audit log store it, and its keys.
+struct RenderedReceipt {
+    /// `{workspace}\0{id}`, its key in the receipts table.
+    id_key: String,
+    finalized_at_ms: u64,
+    receipt: Vec<u8>,
+    audit: Vec<u8>,
+}
+
+impl Journaled {
+    fn of(write: Write) -> Result<Journaled, StoreError> {
+        let receipt = match &write {
+            Write::Transition {
+                receipt: Some(receipt),
+                ..
+            }
+            | Write::Refusal { receipt } => Some(RenderedReceipt {
+                id_key: format!("{}\0{}", receipt.workspace, receipt.id),
+                finalized_at_ms: receipt.finalized_at_ms,
+                receipt: serde_json::to_vec(receipt).map_err(failed)?,
+                audit: serde_json::to_vec(&super::audit_event(receipt)).map_err(failed)?,
+            }),
+            _ => None,
+        };
+        let entry = serde_json::to_vec(&write).map_err(failed)?;
+        Ok(Journaled {
+            write,
+            entry,
+            receipt,
+        })
+    }
 }
 
 impl Work {
     fn write(write: Write) -> Result<Work, StoreError> {
-        let entry = serde_json::to_vec(&write).map_err(failed)?;
-        Ok(Work::Write(Journaled { write, entry }))
+        Journaled::of(write).map(|journaled| Work::Write(Box::new(journaled)))
     }
 }
 
@@ -795,16 +828,22 @@ fn json_in<T: serde::de::DeserializeOwned>(
 }
 
 /// Stores a receipt, lists it (newest first) and appends its audit record.
+/// A receipt's key in the listing index, `{workspace}\0{finalized_at_ms:020}\0{id}`, from
+/// its key in the receipts table.
+fn receipt_order(id_key: &str, finalized_at_ms: u64) -> String {
+    let (workspace, id) = id_key.split_once('\0').unwrap_or((id_key, ""));
+    format!("{workspace}\0{finalized_at_ms:020}\0{id}")
+}
+
 fn write_receipt(
     receipts: &mut redb::Table<&str, &[u8]>,
     index: &mut redb::Table<&str, ()>,
     expiry: &mut redb::Table<&str, ()>,
     audit: &mut redb::Table<u64, &[u8]>,
     next_audit: &mut u64,
-    receipt: &Receipt,
+    receipt: &RenderedReceipt,
 ) -> Result<(), StoreError> {
-    let bytes = serde_json::to_vec(receipt).map_err(failed)?;
-    let id_key = format!("{}\0{}", receipt.workspace, receipt.id);
+    let id_key = &receipt.id_key;
     // A redispatched call finalizes its receipt again: keep one listing entry, at its newest
     // time.
     let previous = receipts
@@ -812,32 +851,27 @@ fn write_receipt(
         .map_err(failed)?
         .map(|old| serde_json::from_slice::<Receipt>(old.value()));
     if let Some(Ok(previous)) = previous {
-        let old_order = format!(
-            "{}\0{:020}\0{}",
-            previous.workspace, previous.finalized_at_ms, previous.id
-        );
-        index.remove(old_order.as_str()).map_err(failed)?;
+        index
+            .remove(receipt_order(id_key, previous.finalized_at_ms).as_str())
+            .map_err(failed)?;
         expiry
-            .remove(expiry_key(previous.finalized_at_ms, 'r', &id_key).as_str())
+            .remove(expiry_key(previous.finalized_at_ms, 'r', id_key).as_str())
             .map_err(failed)?;
     }
     receipts
-        .insert(id_key.as_str(), bytes.as_slice())
+        .insert(id_key.as_str(), receipt.receipt.as_slice())
         .map_err(failed)?;
     expiry
         .insert(
-            expiry_key(receipt.finalized_at_ms, 'r', &id_key).as_str(),
+            expiry_key(receipt.finalized_at_ms, 'r', id_key).as_str(),
             (),
         )
         .map_err(failed)?;
-    let order = format!(
-        "{}\0{:020}\0{}",
-        receipt.workspace, receipt.finalized_at_ms, receipt.id
-    );
-    index.insert(order.as_str(), ()).map_err(failed)?;
-    let event = serde_json::to_vec(&super::audit_event(receipt)).map_err(failed)?;
+    index
+        .insert(receipt_order(id_key, receipt.finalized_at_ms).as_str(), ())
+        .map_err(failed)?;
     audit
-        .insert(*next_audit, event.as_slice())
+        .insert(*next_audit, receipt.audit.as_slice())
         .map_err(failed)?;
     *next_audit += 1;
     Ok(())
@@ -924,7 +958,7 @@ impl Inner {
         let writes: Vec<&Journaled> = batch
             .iter()
             .filter_map(|op| match &op.work {
-                Work::Write(journaled) => Some(journaled),
+                Work::Write(journaled) => Some(journaled.as_ref()),
                 Work::Publish => None,
             })
             .collect();
@@ -952,7 +986,7 @@ impl Inner {
             writer.broken = Some("a journaled batch was not applied".into());
             let pending = writer.pending(&self.db)?;
             pending.writes += writes.len();
-            let results = apply(&pending.txn, writes.into_iter().map(|j| &j.write))
+            let results = apply(&pending.txn, writes.into_iter())
                 .and_then(|results| mark_applied(&pending.txn, sequence).map(|()| results));
             match results {
                 Ok(results) => {
@@ -1132,6 +1166,10 @@ fn recover(db: &Database, path: &Path, applied: u64) -> Result<Writer, StoreErro
                 record.sequence
             ))
         })?;
+        let writes = writes
+            .into_iter()
+            .map(Journaled::of)
+            .collect::<Result<Vec<_>, _>>()?;
         let mut txn = db.begin_write().map_err(failed)?;
         txn.set_durability(Durability::None).map_err(failed)?;
         apply(&txn, writes.iter())?;
@@ -1213,7 +1251,7 @@ enum Applied {
 /// storage error fails the batch.
 fn apply<'a>(
     txn: &redb::WriteTransaction,
-    batch: impl ExactSizeIterator<Item = &'a Write>,
+    batch: impl ExactSizeIterator<Item = &'a Journaled>,
 ) -> Result<Vec<Result<Applied, StoreError>>, StoreError> {
     let mut results = Vec::with_capacity(batch.len());
     {
@@ -1230,8 +1268,8 @@ fn apply<'a>(
             .last()
             .map_err(failed)?
             .map_or(0, |(seq, _)| seq.value() + 1);
-        for write in batch {
-            match write {
+        for journaled in batch {
+            match &journaled.write {
                 Write::Claim {
                     slot,
                     record,
@@ -1264,7 +1302,8 @@ fn apply<'a>(
                     next,
                     lease,
                     finalized_since,
-                    receipt,
+                    // Rendered with the write (`Journaled::of`).
+                    receipt: _,
                 } => {
                     let current = claims
                         .get(slot.as_str())
@@ -1307,27 +1346,30 @@ fn apply<'a>(
                             None => leases.remove(slot.as_str()).map(|_| ()),
                         }
                         .map_err(failed)?;
-                        if let Some(receipt) = receipt {
+                        if let Some(rendered) = &journaled.receipt {
                             write_receipt(
                                 &mut receipts,
                                 &mut index,
                                 &mut expiry,
                                 &mut audit,
                                 &mut next_audit,
-                                receipt,
+                                rendered,
                             )?;
                         }
                     }
                     results.push(Ok(Applied::Transition(matches)));
                 }
-                Write::Refusal { receipt } => {
+                Write::Refusal { receipt: _ } => {
+                    let Some(rendered) = &journaled.receipt else {
+                        unreachable!("`Journaled::of` renders every refusal's receipt")
+                    };
                     write_receipt(
                         &mut receipts,
                         &mut index,
                         &mut expiry,
                         &mut audit,
                         &mut next_audit,
-                        receipt,
+                        rendered,
                     )?;
                     results.push(Ok(Applied::Transition(true)));
                 }
@@ -1490,7 +1532,7 @@ mod tests {
         let journaled: Vec<&Journaled> = works
             .iter()
             .map(|work| match work {
-                Work::Write(journaled) => journaled,
+                Work::Write(journaled) => journaled.as_ref(),
                 Work::Publish => unreachable!(),
             })
             .collect();
