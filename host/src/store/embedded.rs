@@ -201,8 +201,9 @@ enum Work {
     Publish,
 }
 
-/// A write with what it stores rendered by its caller: the leader, which every write waits
-/// for, only joins the journal entries of a batch and copies bytes into redb.
+/// A write with its journal entry and its receipt rendered by its caller: the leader, which
+/// every write waits for, joins the entries of a batch instead of serialising them, and
+/// copies a receipt's bytes into redb.
 struct Journaled {
     write: Write,
     entry: Vec<u8>,
@@ -827,7 +828,6 @@ fn json_in<T: serde::de::DeserializeOwned>(
         .transpose()
 }
 
-/// Stores a receipt, lists it (newest first) and appends its audit record.
 /// A receipt's key in the listing index, `{workspace}\0{finalized_at_ms:020}\0{id}`, from
 /// its key in the receipts table.
 fn receipt_order(id_key: &str, finalized_at_ms: u64) -> String {
@@ -835,6 +835,7 @@ fn receipt_order(id_key: &str, finalized_at_ms: u64) -> String {
     format!("{workspace}\0{finalized_at_ms:020}\0{id}")
 }
 
+/// Stores a receipt, lists it (newest first) and appends its audit record.
 fn write_receipt(
     receipts: &mut redb::Table<&str, &[u8]>,
     index: &mut redb::Table<&str, ()>,
@@ -1076,7 +1077,6 @@ impl Drop for Inner {
     }
 }
 
-/// `<store file>.journal`, beside the redb file.
 /// A batch's journal record: its writes as one JSON array, the bytes `serde_json::to_vec`
 /// of the `Vec<Write>` would give (recovery reads it back as one).
 fn journal_payload(writes: &[&Journaled]) -> Vec<u8> {
@@ -1093,6 +1093,7 @@ fn journal_payload(writes: &[&Journaled]) -> Vec<u8> {
     payload
 }
 
+/// `<store file>.journal`, beside the redb file.
 fn journal_path(path: &Path) -> std::path::PathBuf {
     let mut name = path.as_os_str().to_owned();
     name.push(".journal");
@@ -1507,8 +1508,21 @@ mod tests {
     /// what recovery reads back: the batch serialised as one `Vec<Write>`.
     #[test]
     fn a_batch_is_journaled_as_the_array_of_its_writes() {
+        use crate::store::contract;
         let record = serde_json::to_string(&claimed("rcp_a \"quoted\" \u{e9}")).unwrap();
+        let (k, r) = (contract::key(1), contract::record());
+        let receipt = Box::new(contract::receipt(&r, &k));
         let writes = vec![
+            Write::Transition {
+                slot: k.slot(),
+                expected_version: 1,
+                next_version: 2,
+                next: record.clone(),
+                lease: None,
+                finalized_since: Some(5),
+                receipt: Some(receipt.clone()),
+            },
+            Write::Refusal { receipt },
             Write::Claim {
                 slot: key("batch0001").slot(),
                 record: record.clone(),
@@ -1539,7 +1553,13 @@ mod tests {
         let payload = journal_payload(&journaled);
         assert_eq!(String::from_utf8(payload.clone()), String::from_utf8(whole));
         let read: Vec<Write> = serde_json::from_slice(&payload).unwrap();
-        assert!(matches!(&read[0], Write::Claim { record: r, .. } if *r == record));
+        assert!(matches!(&read[2], Write::Claim { record: r, .. } if *r == record));
+        let alone = journal_payload(&journaled[..1]);
+        assert_eq!(
+            alone,
+            serde_json::to_vec(&[&journaled[0].write]).unwrap(),
+            "a batch of one is an array of one"
+        );
     }
 
     fn claimed(receipt_id: &str) -> ClaimRecord {
