@@ -132,11 +132,15 @@ pub async fn serve(config: Config, listener: TcpListener) -> anyhow::Result<()> 
     // Tests and scripts read this line to learn the port.
     println!("obol listening on http://{address}/mcp");
     let limits = config.limits.clone().fitted_to_descriptors();
-    crate::listener::serve(listener, app, limits, stop_signal(), gateway.services.lease).await;
     // Calls whose clients hung up still run to their final write, and outcomes whose final
     // write failed get one more try, before the process ends: at most one lease.
-    gateway.services.owned.drain(gateway.services.lease).await;
-    Ok(())
+    let owned = gateway.services.owned.drain(gateway.services.lease);
+    let lease = gateway.services.lease;
+    crate::listener::serve(listener, app, limits, stop_signal(), lease, owned)
+        .await
+        .map_err(|error| {
+            anyhow::anyhow!("cannot start the threads that serve connections: {error}")
+        })
 }
 
 /// Ctrl-C, or SIGTERM (what a container runtime or systemd sends).

@@ -15,6 +15,7 @@
 
 pub mod body;
 pub mod failures;
+mod lanes;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -204,14 +205,18 @@ impl Connections {
 }
 
 /// Serves `app` on `listener` until `stop` resolves, then lets requests in flight finish (at
-/// most `drain`) and returns.
+/// most `drain`), runs `afterwards` (work the requests started that must still run on the
+/// lanes) and returns. Connections are served on [`lanes`], one thread each; failing to start
+/// them is the only error.
 pub async fn serve(
     listener: TcpListener,
     app: Router,
     limits: Limits,
     stop: impl Future<Output = ()>,
     drain: Duration,
-) {
+    afterwards: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    let lanes = lanes::Lanes::start()?;
     let limits = Arc::new(limits);
     let connections = Arc::new(Connections::default());
     let (stopping, stopped) = tokio::sync::watch::channel(false);
@@ -248,6 +253,15 @@ pub async fn serve(
         let _ = stream.set_nodelay(true);
         match connections.admit(limits.max_connections) {
             Some((id, watch)) => {
+                // Taken off this runtime's reactor; its lane registers it with its own.
+                let stream = match stream.into_std() {
+                    Ok(stream) => stream,
+                    Err(error) => {
+                        tracing::debug!("cannot hand a connection to a lane: {error}");
+                        connections.close(id);
+                        continue;
+                    }
+                };
                 let connection = Connection {
                     peer,
                     app: app.clone(),
@@ -256,8 +270,11 @@ pub async fn serve(
                     stopped: stopped.clone(),
                 };
                 let connections = Arc::clone(&connections);
-                tokio::spawn(async move {
-                    connection.run(stream).await;
+                lanes.serve(async move {
+                    match TcpStream::from_std(stream) {
+                        Ok(stream) => connection.run(stream).await,
+                        Err(error) => tracing::debug!("a lane cannot take a connection: {error}"),
+                    }
                     connections.close(id);
                 });
             }
@@ -271,6 +288,9 @@ pub async fn serve(
     while connections.count() > 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    afterwards.await;
+    drop(lanes);
+    Ok(())
 }
 
 /// Every connection is being served: the newcomer is told to come back, not left hanging.
