@@ -1,8 +1,8 @@
 //! Lanes: the threads that serve connections, one single-threaded runtime each.
 //!
-//! A connection is handed to the lane serving the fewest connections, and everything its
-//! requests start (the invocation the gateway owns, the inline store commit, the guest, the
-//! vendor request) runs on that lane's thread. Under a work-stealing runtime a call at low
+//! A connection is handed to the lane serving the fewest connections, and the tasks its
+//! requests start (the invocation the gateway owns, a store commit it leads, the guest, the
+//! vendor request) run on that lane's thread. Under a work-stealing runtime a call at low
 //! concurrency woke the idle worker at every I/O event and moved between the two cores about
 //! eight times per call (ADR-0055); on one lane it stays on one thread. Lanes still use every
 //! core once there are as many connections as lanes, and a guest spinning to its deadline
@@ -14,7 +14,17 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio::sync::oneshot;
 
-/// The running lanes. Dropping this stops them, cancelling whatever still runs on them.
+/// File descriptors a lane's runtime holds (its poller, its waker, its signal pipe's copy).
+pub const DESCRIPTORS_PER_LANE: u64 = 4;
+
+/// How many lanes [`Lanes::start`] starts: one per core this process may use (the cgroup's
+/// CPU quota counts).
+pub fn count() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
+}
+
+/// The running lanes. Dropping this stops them, cancelling whatever still runs on them;
+/// [`Lanes::stop`] also waits for their threads to end.
 pub struct Lanes {
     lanes: Vec<Lane>,
 }
@@ -24,7 +34,8 @@ struct Lane {
     /// Connections this lane serves now.
     serving: Arc<AtomicUsize>,
     /// Dropped to stop the lane's thread.
-    _stop: oneshot::Sender<()>,
+    stop: oneshot::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
 }
 
 /// Counts a connection on its lane while it is served, however its task ends.
@@ -39,7 +50,26 @@ impl Drop for Serving {
 impl Lanes {
     /// Starts one lane per core this process may use.
     pub fn start() -> std::io::Result<Lanes> {
-        Lanes::with(std::thread::available_parallelism().map_or(1, usize::from))
+        Lanes::with(count())
+    }
+
+    /// Stops every lane and waits until their threads have dropped what ran on them (and the
+    /// blocking work their runtimes started, such as a store commit, has ended).
+    pub async fn stop(self) {
+        let threads: Vec<_> = self
+            .lanes
+            .into_iter()
+            .map(|lane| {
+                drop(lane.stop);
+                lane.thread
+            })
+            .collect();
+        let joined = tokio::task::spawn_blocking(move || {
+            for thread in threads {
+                let _ = thread.join();
+            }
+        });
+        let _ = joined.await;
     }
 
     fn with(count: usize) -> std::io::Result<Lanes> {
@@ -74,7 +104,7 @@ impl Lane {
             .build()?;
         let handle = runtime.handle().clone();
         let (stop, stopped) = oneshot::channel::<()>();
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name(format!("obol-lane-{index}"))
             .spawn(move || {
                 // Drives every task spawned onto this lane until the lanes are dropped.
@@ -83,7 +113,8 @@ impl Lane {
         Ok(Lane {
             runtime: handle,
             serving: Arc::new(AtomicUsize::new(0)),
-            _stop: stop,
+            stop,
+            thread,
         })
     }
 }
@@ -139,5 +170,31 @@ mod tests {
         }
         let (third, _hold_third) = connection(&lanes);
         assert_eq!(third.await.unwrap().0, first);
+    }
+
+    #[tokio::test]
+    async fn stopping_the_lanes_waits_until_what_ran_on_them_is_dropped() {
+        struct SlowToDrop(Arc<std::sync::atomic::AtomicBool>);
+        impl Drop for SlowToDrop {
+            fn drop(&mut self) {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                self.0.store(true, Ordering::SeqCst);
+            }
+        }
+        let lanes = Lanes::with(2).unwrap();
+        let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (running, started) = oneshot::channel();
+        let guard = SlowToDrop(Arc::clone(&dropped));
+        lanes.serve(async move {
+            let _guard = guard;
+            let _ = running.send(());
+            std::future::pending::<()>().await;
+        });
+        started.await.unwrap();
+        lanes.stop().await;
+        assert!(
+            dropped.load(Ordering::SeqCst),
+            "stop returned before its lane dropped the task"
+        );
     }
 }

@@ -67,13 +67,13 @@ impl Default for Limits {
 
 impl Limits {
     /// The cap, lowered to fit the process's file-descriptor limit (with room for the store,
-    /// the outbound pool and the logs), so the cap is what runs out first.
+    /// the outbound pool, the logs and each lane's reactor), so the cap is what runs out first.
     pub fn fitted_to_descriptors(mut self) -> Limits {
-        const RESERVED: u64 = 64;
+        let reserved = 64 + lanes::DESCRIPTORS_PER_LANE * lanes::count() as u64;
         let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile)
             .current
             .unwrap_or(u64::MAX);
-        let room = soft.saturating_sub(RESERVED).max(16);
+        let room = soft.saturating_sub(reserved).max(16);
         if (self.max_connections as u64) > room {
             tracing::warn!(
                 configured = self.max_connections,
@@ -204,10 +204,24 @@ impl Connections {
     }
 }
 
+/// Gives a connection's place back however its task ends: served, panicked, or cancelled
+/// with its lane.
+struct Place {
+    connections: Arc<Connections>,
+    id: u64,
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.connections.close(self.id);
+    }
+}
+
 /// Serves `app` on `listener` until `stop` resolves, then lets requests in flight finish (at
 /// most `drain`), runs `afterwards` (work the requests started that must still run on the
-/// lanes) and returns. Connections are served on [`lanes`], one thread each; failing to start
-/// them is the only error.
+/// lanes), stops the lanes and returns. Connections are served on [`lanes`], one thread each;
+/// failing to start them is the only error. Dropping this future before it returns stops the
+/// lanes at once, cancelling what runs on them: the server runs it to its end.
 pub async fn serve(
     listener: TcpListener,
     app: Router,
@@ -269,13 +283,16 @@ pub async fn serve(
                     watch,
                     stopped: stopped.clone(),
                 };
-                let connections = Arc::clone(&connections);
+                let place = Place {
+                    connections: Arc::clone(&connections),
+                    id,
+                };
                 lanes.serve(async move {
+                    let _place = place;
                     match TcpStream::from_std(stream) {
                         Ok(stream) => connection.run(stream).await,
                         Err(error) => tracing::debug!("a lane cannot take a connection: {error}"),
                     }
-                    connections.close(id);
                 });
             }
             None => {
@@ -289,7 +306,7 @@ pub async fn serve(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     afterwards.await;
-    drop(lanes);
+    lanes.stop().await;
     Ok(())
 }
 
