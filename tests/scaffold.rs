@@ -28,6 +28,8 @@ fn cargo(dir: &Path, args: &[&str]) -> (bool, String) {
         .args(args)
         .current_dir(dir)
         .env("CARGO_TARGET_DIR", &target)
+        // The harness runs the component in this build's gateway (ADR-0056).
+        .env("OBOL_BIN", env!("CARGO_BIN_EXE_obol"))
         .env_remove("RUSTFLAGS")
         .env_remove("CARGO_ENCODED_RUSTFLAGS")
         .output()
@@ -57,8 +59,9 @@ async fn a_new_connector_builds_tests_checks_and_serves_on_first_try() {
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("cargo test"), "{out}");
 
-    // The author's build links the gateway's sandbox, not the gateway: none of its store,
-    // policy, HTTP server, MCP client or Redis crates (ADR-0051).
+    // The author's build links no part of the gateway: the harness runs the component in
+    // the `obol` binary, so neither its store, policy, HTTP server, MCP client or Redis
+    // crates nor the WebAssembly runtime and Cranelift are compiled (ADR-0056).
     let (listed, tree) = cargo(
         &crate_dir,
         &[
@@ -71,9 +74,13 @@ async fn a_new_connector_builds_tests_checks_and_serves_on_first_try() {
         ],
     );
     assert!(listed, "{tree}");
-    assert!(tree.contains("obol-runtime v"), "{tree}");
+    assert!(tree.contains("obol-harness v"), "{tree}");
     for gateway_only in [
         "obol v",
+        "obol-runtime v",
+        "wasmtime v",
+        "cranelift-codegen v",
+        "jsonschema v",
         "redb v",
         "redis v",
         "cedar-policy v",
@@ -169,4 +176,30 @@ async fn a_new_connector_builds_tests_checks_and_serves_on_first_try() {
     client.close().await;
     let _ = gateway.kill();
     let _ = gateway.wait();
+}
+
+/// `obol harness` refuses a harness of another protocol, and a component the gateway would
+/// refuse, each with one line saying why and exit code 2.
+#[test]
+fn obol_harness_says_why_it_will_not_serve() {
+    let dir = tempfile::tempdir().unwrap();
+    let not_a_component = dir.path().join("broken.wasm");
+    std::fs::write(&not_a_component, b"not wasm").unwrap();
+    let path = not_a_component.to_str().unwrap();
+
+    let (code, out, _) = run_obol(&["harness", "--protocol", "99", path]);
+    assert_eq!(code, 2);
+    let reply: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let why = reply["refused"].as_str().unwrap();
+    assert!(
+        why.contains("speaks harness protocol 1, obol-harness asked for 99"),
+        "{why}"
+    );
+
+    let (code, out, _) = run_obol(&["harness", "--protocol", "1", path]);
+    assert_eq!(code, 2);
+    let reply: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let why = reply["refused"].as_str().unwrap();
+    assert!(why.contains("not a valid connector component"), "{why}");
+    assert_eq!(out.lines().count(), 1, "{out}");
 }

@@ -36,6 +36,7 @@ pub mod error;
 #[cfg(feature = "test-util")]
 pub mod failpoint;
 pub mod gateway;
+pub mod harness;
 pub mod hotload;
 pub mod http;
 pub mod idempotency;
@@ -56,5 +57,5 @@ pub mod store;
 pub mod telemetry;
 pub mod upstream;
 
-/// The sandbox is its own crate (`host/runtime`), shared with `obol-harness`.
+/// The sandbox is its own crate (`host/runtime`, ADR-0051).
 pub use obol_runtime as runtime;

@@ -1,6 +1,7 @@
 //! The `obol` command: `serve`, `check`, `upstreams`, `receipts`,
 //! `keys hash|mint|create|list|revoke`, `policies publish|list`, `approvals keygen`,
-//! `connectors list|add|replace|remove|keygen|sign|verify`, `store migrate`, `completions`.
+//! `connectors list|add|replace|remove|keygen|sign|verify`, `store migrate`, `completions`,
+//! and the hidden `harness` that `obol-harness` runs components in.
 
 use std::io::Read;
 use std::net::SocketAddr;
@@ -80,6 +81,19 @@ enum Command {
         /// Check the signature against this config's `[connectors.trust]`.
         #[arg(long)]
         config: Option<PathBuf>,
+    },
+    /// Serve one component to `obol-harness` (a connector's `cargo test`): JSON lines on
+    /// stdin and stdout, the calls run as `obol serve` runs them (ADR-0056).
+    #[command(hide = true)]
+    Harness {
+        /// The harness protocol the caller speaks; any other than this obol's is refused.
+        #[arg(long)]
+        protocol: u32,
+        /// Cache compiled components here, by sha256.
+        #[arg(long)]
+        cache: Option<PathBuf>,
+        /// The component (.wasm).
+        component: PathBuf,
     },
     /// Connect to every MCP upstream of a config and show each tool with the EffectSpec Obol
     /// derives for it: what will be held, hidden or retried, before any call.
@@ -704,6 +718,11 @@ fn run(command: Command, output: Output) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Harness {
+            protocol,
+            cache,
+            component,
+        } => obol::harness::serve(protocol, cache, &component),
         Command::Store {
             command: StoreCommand::Migrate { config },
         } => {

@@ -1,7 +1,7 @@
 //! The built component as the gateway loads it: federated through Composio, no key propagated,
 //! and a 200 that says `"successful": false` classified unknown by the host's body rule.
 
-use obol::catalog::{Broker, Propagation, RouteKind, StatusClass};
+use obol_harness::{Broker, Propagation, RouteKind, StatusClass};
 use serde_json::json;
 
 #[test]

@@ -2,7 +2,7 @@
 //! passes the gateway's validation, `prepare` builds the vendor request, and `interpret` renders
 //! canned vendor responses.
 
-use obol_harness::{Method, PrepareError};
+use obol_harness::{Method, PrepareError, StatusClass};
 use serde_json::json;
 
 #[test]
@@ -10,7 +10,7 @@ fn the_component_passes_the_gateways_checks_and_translates_both_ways() {
     let harness = obol_harness::build_this_crate!();
 
     let manifest = harness.manifest();
-    assert_eq!(manifest.name.as_str(), "stripe");
+    assert_eq!(manifest.name, "stripe");
     let refund = manifest
         .tools
         .iter()
@@ -22,12 +22,12 @@ fn the_component_passes_the_gateways_checks_and_translates_both_ways() {
         "refunds propagate the key"
     );
     assert_eq!(
-        refund.effect.statuses.classify(409),
-        obol::catalog::StatusClass::Unknown
+        harness.classify("create_refund", 409, b"{}"),
+        StatusClass::Unknown
     );
     assert_eq!(
-        refund.effect.statuses.classify(429),
-        obol::catalog::StatusClass::Retryable
+        harness.classify("create_refund", 429, b"{}"),
+        StatusClass::Retryable
     );
 
     // prepare: a form POST to /v1/refunds; the guest never sets credentials or the key.

@@ -1,9 +1,9 @@
 //! The sandbox: wasmtime engine, compile cache, per-call limits, and the rules a component's
 //! manifest must pass ([`manifest`]).
 //!
-//! Its own crate so that a connector author's tests (`obol-harness`) run a component exactly
-//! as the gateway does without compiling the gateway's store, policy, HTTP or Redis code
-//! (ADR-0051).
+//! Its own crate, depending on nothing of the gateway: the boundary between running
+//! components and everything else (ADR-0051). A connector author's tests reach it through the
+//! `obol` binary (`obol harness`, ADR-0056).
 //!
 //! *Architecture Invariant:* a component gets nothing but the `log` import. Every other import
 //! it declares (the WASI interfaces Rust's standard library links against) is defined as a trap,

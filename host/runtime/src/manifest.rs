@@ -552,6 +552,37 @@ impl EffectSpec {
             && self.propagation == Propagation::None
             && !self.destructive
     }
+
+    /// Why the gateway refuses an answer's structured output, if it does: a tool with an
+    /// output schema must return structured output matching it on every accepted answer. The
+    /// schema describes a successful result, so an answer of any other class passes.
+    pub fn output_fault(
+        &self,
+        class: StatusClass,
+        structured: Option<&Value>,
+    ) -> Option<OutputFault> {
+        let schema = self.output_schema.as_ref()?;
+        if class != StatusClass::Accepted {
+            return None;
+        }
+        match structured {
+            None => Some(OutputFault::Missing),
+            Some(value) if schema.is_valid(value) => None,
+            Some(value) => Some(OutputFault::Broken(
+                schema.violations_in(value, "the output"),
+            )),
+        }
+    }
+}
+
+/// How structured output breaks its tool's output schema: the connector's mistake, not the
+/// vendor's.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OutputFault {
+    #[error("an accepted answer has no structured output, but the tool declares an output schema")]
+    Missing,
+    #[error("the connector's structured output breaks its own output schema: {}", .0.join("; "))]
+    Broken(Vec<String>),
 }
 
 #[derive(Debug)]

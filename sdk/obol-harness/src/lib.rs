@@ -3,30 +3,40 @@
 //! ```ignore
 //! // connectors/acme/tests/component.rs
 //! let harness = obol_harness::build_this_crate!();
-//! assert_eq!(harness.manifest().name.as_str(), "acme");
+//! assert_eq!(harness.manifest().name, "acme");
 //! let request = harness.prepare("widgets.list", json!({"limit": 5})).unwrap();
 //! assert_eq!(request.url, "http://vendor.test/v1/widgets?limit=5");
 //! let output = harness.interpret("widgets.list", 200, br#"{"data": []}"#).unwrap();
 //! ```
 //!
-//! [`Harness::build`] compiles the crate for `wasm32-wasip2`; loading applies the gateway's own
-//! manifest validation, sandbox and limits (`obol-runtime`, the crate the gateway runs
-//! components with), so a component that passes here loads in `obol`.
+//! [`Harness::build`] compiles the crate for `wasm32-wasip2` and hands the `.wasm` to the
+//! gateway itself: `obol harness` loads it with the loader, manifest validation, sandbox and
+//! limits `obol serve` uses, and runs each call with the gateway's own checks around it
+//! ([`protocol`], ADR-0056). A component that passes here is what `obol serve` will run, and
+//! the author's `cargo test` compiles no WebAssembly runtime.
 //!
-//! Within one test binary the crate is built and compiled once: every test shares the
-//! component, and compiled code is cached on disk by the component's sha256, so the tests of
-//! an unchanged crate skip both cargo's work and Cranelift's.
+//! The `obol` binary is found through `OBOL_BIN`, then beside the test binary (a build of
+//! the Obol workspace), then on `PATH`.
+//!
+//! Within one test binary the crate is built once and one `obol harness` serves every test of
+//! a component; the gateway caches compiled code on disk by the component's sha256, so the
+//! tests of an unchanged crate skip both cargo's work and Cranelift's.
 
 use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use obol_runtime::manifest::{Manifest, StatusClass, ToolSpec, classify_body};
-use obol_runtime::{Guest, GuestFailure, Runtime, RuntimeConfig, wit};
 use serde_json::Value;
 
-pub use obol_runtime::wit::{InterpretError, Method, OutboundRequest, PrepareError, ToolOutput};
+pub mod protocol;
+
+pub use protocol::{
+    Broker, Content, Effect, Header, Image, InterpretError, Manifest, Method, OutboundRequest,
+    PrepareError, Propagation, RouteKind, StatusClass, Tool, ToolOutput,
+};
+use protocol::{Reply, Request};
 
 /// The base URL `prepare` is given unless a test sets another.
 pub const BASE_URL: &str = "http://vendor.test";
@@ -39,24 +49,16 @@ macro_rules! build_this_crate {
     };
 }
 
-/// A component that compiled, linked and whose manifest the gateway accepts.
-struct Component {
-    guest: Guest,
-    manifest: Manifest,
-}
-
 /// A loaded component plus the connection facts its calls see.
 pub struct Harness {
-    runtime: Arc<Runtime>,
-    component: Arc<Component>,
-    executor: tokio::runtime::Runtime,
+    sandbox: Arc<Sandbox>,
     pub base_url: String,
     pub settings: Vec<(String, String)>,
 }
 
 impl Harness {
     /// Compiles the crate at `manifest_dir` to a component and loads it. Panics with cargo's
-    /// or the loader's message on failure: this is a test helper.
+    /// or the gateway's message on failure: this is a test helper.
     pub fn build(manifest_dir: &str, package: &str) -> Harness {
         // Tests run in parallel threads: the first one builds, the others wait for its file.
         static BUILT: OnceLock<Mutex<HashMap<PathBuf, PathBuf>>> = OnceLock::new();
@@ -72,32 +74,23 @@ impl Harness {
         Harness::load(&wasm)
     }
 
-    /// Loads an already built component.
+    /// Loads an already built component into `obol harness`.
     pub fn load(path: &Path) -> Harness {
         let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        let runtime = shared_runtime();
-        // One compile per distinct component per test binary, whatever the number of tests.
-        static LOADED: OnceLock<Mutex<HashMap<Vec<u8>, Arc<Component>>>> = OnceLock::new();
+        // One gateway per distinct component per test binary, whatever the number of tests.
+        static LOADED: OnceLock<Mutex<HashMap<Vec<u8>, Arc<Sandbox>>>> = OnceLock::new();
         let mut loaded = LOADED
             .get_or_init(Mutex::default)
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let component = match loaded.get(&bytes) {
-            Some(component) => Arc::clone(component),
-            None => {
-                let component = Arc::new(load_component(&runtime, path, &bytes));
-                loaded.insert(bytes, Arc::clone(&component));
-                component
-            }
-        };
+        let sandbox = Arc::clone(
+            loaded
+                .entry(bytes)
+                .or_insert_with(|| Arc::new(Sandbox::start(obol_binary(), path))),
+        );
         drop(loaded);
         Harness {
-            runtime,
-            component,
-            executor: tokio::runtime::Builder::new_current_thread()
-                .enable_time()
-                .build()
-                .expect("a tokio runtime"),
+            sandbox,
             base_url: BASE_URL.into(),
             settings: Vec::new(),
         }
@@ -106,99 +99,210 @@ impl Harness {
     /// How the gateway would classify an answer to `tool`: by the tool's declared status
     /// classes, then its body rules (contract 0.2.0). The component is not asked.
     pub fn classify(&self, tool: &str, status: u16, body: &[u8]) -> StatusClass {
-        let spec = self.tool(tool);
-        let effect = &spec.effect;
-        classify_body(&effect.body_rules, effect.statuses.classify(status), body)
-    }
-
-    /// A tool of the manifest, by the name the component knows it by.
-    fn tool(&self, name: &str) -> &ToolSpec {
-        self.manifest()
-            .tools
-            .iter()
-            .find(|t| t.upstream_name == name)
-            .unwrap_or_else(|| panic!("the manifest has no tool {name:?}"))
+        let request = Request::Classify {
+            tool: tool.to_owned(),
+            status,
+            body: body.to_vec(),
+        };
+        match self.sandbox.ask(&request) {
+            Reply::Classified(class) => class,
+            other => unexpected(other),
+        }
     }
 
     /// The validated manifest, exactly as the gateway sees it.
     pub fn manifest(&self) -> &Manifest {
-        &self.component.manifest
+        &self.sandbox.manifest
     }
 
     /// Runs `prepare` after the gateway's own input-schema check.
     pub fn prepare(&self, tool: &str, arguments: Value) -> Result<OutboundRequest, PrepareError> {
-        let spec = self.tool(tool);
-        let violations = spec.input_schema.violations(&arguments);
-        if !violations.is_empty() {
-            return Err(PrepareError::InvalidArguments(format!(
-                "rejected by the input schema before the component: {}",
-                violations.join("; ")
-            )));
-        }
-        let facts = wit::ConnectionFacts {
+        let request = Request::Prepare {
+            tool: tool.to_owned(),
+            arguments,
             base_url: self.base_url.clone(),
             settings: self.settings.clone(),
         };
-        let name = self.manifest().name.as_str();
-        trapless(self.executor.block_on(self.runtime.prepare(
-            &self.component.guest,
-            name,
-            tool,
-            arguments.to_string(),
-            facts,
-        )))
+        match self.sandbox.ask(&request) {
+            Reply::Prepared(prepared) => prepared,
+            other => unexpected(other),
+        }
     }
 
     /// Feeds a canned vendor response to `interpret`, and checks what it returns as the
-    /// gateway does: an answer the tool's status classes accept must carry structured output
-    /// that matches the tool's own output schema (a panic names the failing field: the
-    /// gateway would answer every such call `output_schema_violation`).
+    /// gateway does: within the output cap, structured output that is JSON, and on an answer
+    /// the tool's status classes accept, structured output that matches the tool's own output
+    /// schema. A panic says which (naming the failing field): the gateway would refuse every
+    /// such call.
     pub fn interpret(
         &self,
         tool: &str,
         status: u16,
         body: &[u8],
     ) -> Result<ToolOutput, InterpretError> {
-        let response = wit::VendorResponse {
+        let request = Request::Interpret {
+            tool: tool.to_owned(),
             status,
-            headers: vec![wit::Header {
+            headers: vec![Header {
                 name: "content-type".into(),
                 value: "application/json".into(),
             }],
             body: body.to_vec(),
         };
-        let name = self.manifest().name.as_str();
-        let output = trapless(self.executor.block_on(self.runtime.interpret(
-            &self.component.guest,
-            name,
-            tool,
-            response,
-        )))?;
-        let spec = self.tool(tool);
-        if let Some(schema) = &spec.effect.output_schema
-            && self.classify(tool, status, body) == StatusClass::Accepted
-        {
-            let structured = output
-                .structured
-                .as_deref()
-                .map(|text| {
-                    serde_json::from_str::<Value>(text).unwrap_or_else(|e| {
-                        panic!("{tool}: the structured output is not JSON ({e})")
-                    })
-                })
-                .unwrap_or_else(|| {
-                    panic!(
-                        "{tool}: an accepted answer has no structured output, but the tool declares an output schema"
-                    )
-                });
-            let violations = schema.violations_in(&structured, "the output");
-            assert!(
-                violations.is_empty(),
-                "{tool}: the connector's structured output breaks its own output schema: {}",
-                violations.join("; ")
-            );
+        match self.sandbox.ask(&request) {
+            Reply::Interpreted {
+                refused: Some(why), ..
+            } => panic!("{tool}: {why}"),
+            Reply::Interpreted { output, .. } => output,
+            other => unexpected(other),
         }
-        Ok(output)
+    }
+}
+
+/// A reply that does not answer the request: the component failed, the request was wrong,
+/// or the gateway does not speak this harness's protocol. In a connector's own tests each is
+/// a bug to see, not a value to assert on.
+fn unexpected(reply: Reply) -> ! {
+    match reply {
+        Reply::Failed(why) => panic!("the component {why}"),
+        Reply::Misused(why) => panic!("{why}"),
+        other => panic!("obol harness answered out of turn: {other:?}"),
+    }
+}
+
+/// `obol harness` with one component loaded, serving requests one at a time.
+struct Sandbox {
+    manifest: Manifest,
+    link: Mutex<Link>,
+    /// What the gateway wrote to stderr, for the message when it stops answering.
+    stderr: Arc<Mutex<String>>,
+    binary: PathBuf,
+}
+
+struct Link {
+    input: ChildStdin,
+    output: BufReader<ChildStdout>,
+    _child: Child,
+}
+
+impl Sandbox {
+    fn start(binary: PathBuf, wasm: &Path) -> Sandbox {
+        let mut child = Command::new(&binary)
+            .arg("harness")
+            .arg("--protocol")
+            .arg(protocol::VERSION.to_string())
+            .arg("--cache")
+            .arg(guest_target_dir().join("obol-harness-cache"))
+            .arg(wasm)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "obol-harness runs components in the gateway, and `{}` would not start ({e}): install the `obol` of the same Obol release as obol-harness and put it on PATH, or point OBOL_BIN at it",
+                    binary.display()
+                )
+            });
+        let stderr = Arc::new(Mutex::new(String::new()));
+        if let Some(mut pipe) = child.stderr.take() {
+            let stderr = Arc::clone(&stderr);
+            std::thread::spawn(move || {
+                let mut chunk = [0u8; 4096];
+                while let Ok(n @ 1..) = pipe.read(&mut chunk) {
+                    let mut kept = stderr.lock().unwrap_or_else(|p| p.into_inner());
+                    // Enough to explain a refusal; a chatty gateway cannot fill memory.
+                    if kept.len() < 64 << 10 {
+                        kept.push_str(&String::from_utf8_lossy(&chunk[..n]));
+                    }
+                }
+            });
+        }
+        let link = Link {
+            input: child.stdin.take().expect("piped stdin"),
+            output: BufReader::new(child.stdout.take().expect("piped stdout")),
+            _child: child,
+        };
+        let mut sandbox = Sandbox {
+            manifest: Manifest {
+                name: String::new(),
+                version: String::new(),
+                contract: String::new(),
+                sha256: String::new(),
+                tools: Vec::new(),
+            },
+            link: Mutex::new(link),
+            stderr,
+            binary,
+        };
+        let first = {
+            let mut link = sandbox.link.lock().unwrap_or_else(|p| p.into_inner());
+            sandbox.read(&mut link)
+        };
+        sandbox.manifest = match first {
+            Reply::Loaded(manifest) => manifest,
+            Reply::Refused(why) => panic!(
+                "the gateway would refuse this component: {}: {why}",
+                wasm.display()
+            ),
+            other => unexpected(other),
+        };
+        sandbox
+    }
+
+    fn ask(&self, request: &Request) -> Reply {
+        let mut link = self.link.lock().unwrap_or_else(|p| p.into_inner());
+        let mut line = serde_json::to_string(request).expect("plain data");
+        line.push('\n');
+        if link.input.write_all(line.as_bytes()).is_err() {
+            self.stopped();
+        }
+        self.read(&mut link)
+    }
+
+    fn read(&self, link: &mut Link) -> Reply {
+        let mut line = String::new();
+        match link.output.read_line(&mut line) {
+            Ok(1..) => serde_json::from_str(&line).unwrap_or_else(|e| {
+                panic!(
+                    "`{} harness` answered something obol-harness {} cannot read ({e}): use the obol of the same Obol release",
+                    self.binary.display(),
+                    env!("CARGO_PKG_VERSION")
+                )
+            }),
+            _ => self.stopped(),
+        }
+    }
+
+    /// The gateway closed its output: it failed to start (an `obol` without `harness`, or of
+    /// another protocol) or died; its own words say which.
+    fn stopped(&self) -> ! {
+        // Its stderr ends when it exits; give the reader thread a moment to take the rest.
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let said = self.stderr.lock().unwrap_or_else(|p| p.into_inner());
+        panic!(
+            "`{} harness` stopped answering: {}\n(obol-harness {} speaks harness protocol {}: it needs the obol of the same Obol release)",
+            self.binary.display(),
+            said.trim(),
+            env!("CARGO_PKG_VERSION"),
+            protocol::VERSION
+        )
+    }
+}
+
+/// The `obol` to run components in: `OBOL_BIN`, else the one beside this test binary (a
+/// build of the Obol workspace puts it at `<target>/<profile>/obol`), else `obol` on `PATH`.
+fn obol_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("OBOL_BIN") {
+        return path.into();
+    }
+    // <target>/<profile>/deps/<test binary>
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.ancestors().nth(2).map(|profile| profile.join("obol")));
+    match beside {
+        Some(path) if path.is_file() => path,
+        _ => PathBuf::from("obol"),
     }
 }
 
@@ -251,13 +355,13 @@ impl Harness {
             .prepare(tool, arguments)
             .unwrap_or_else(|e| panic!("{tool}: prepare refused the arguments: {e:?}"));
         let method = match request.method {
-            wit::Method::Get => reqwest::Method::GET,
-            wit::Method::Post => reqwest::Method::POST,
-            wit::Method::Put => reqwest::Method::PUT,
-            wit::Method::Patch => reqwest::Method::PATCH,
-            wit::Method::Delete => reqwest::Method::DELETE,
+            Method::Get => reqwest::Method::GET,
+            Method::Post => reqwest::Method::POST,
+            Method::Put => reqwest::Method::PUT,
+            Method::Patch => reqwest::Method::PATCH,
+            Method::Delete => reqwest::Method::DELETE,
         };
-        // The harness's own executor has no I/O driver (replay needs none).
+        // Only recording talks to the network; replaying needs no runtime.
         let network = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -362,45 +466,6 @@ fn build_component(manifest_dir: &str, package: &str) -> PathBuf {
     wasm
 }
 
-/// Compiles, links and validates a component as the gateway's loader does.
-fn load_component(runtime: &Runtime, path: &Path, bytes: &[u8]) -> Component {
-    let refused = |reason: String| -> ! {
-        panic!(
-            "the gateway would refuse this component: {}: {reason}",
-            path.display()
-        )
-    };
-    let (guest, raw) = runtime
-        .load(bytes)
-        .unwrap_or_else(|e| refused(e.to_string()));
-    let manifest =
-        Manifest::validate(raw).unwrap_or_else(|e| refused(format!("invalid manifest: {e}")));
-    Component { guest, manifest }
-}
-
-/// One engine for every test of the binary, with the gateway's default limits and a compile
-/// cache beside the built components.
-fn shared_runtime() -> Arc<Runtime> {
-    static RUNTIME: OnceLock<Arc<Runtime>> = OnceLock::new();
-    let runtime = RUNTIME.get_or_init(|| {
-        Arc::new(
-            Runtime::new(RuntimeConfig {
-                // Tests run in parallel; each guest call holds a slot for its duration.
-                max_concurrent_calls: 16,
-                cache_dir: Some(guest_target_dir().join("obol-harness-cache")),
-                ..RuntimeConfig::default()
-            })
-            .expect("a wasmtime engine"),
-        )
-    });
-    Arc::clone(runtime)
-}
-
-/// In a connector's own tests a trap is a bug to see, not a value to assert on.
-fn trapless<T, E>(outcome: Result<Result<T, E>, GuestFailure>) -> Result<T, E> {
-    outcome.unwrap_or_else(|failure| panic!("the component {failure}"))
-}
-
 /// The test binary's own target directory: the component the harness builds and tests is
 /// `<target>/wasm32-wasip2/release/NAME.wasm`, the very file `cargo build --release --target
 /// wasm32-wasip2` makes for the author to ship (cargo holds no lock on it while tests run).
@@ -415,4 +480,25 @@ fn guest_target_dir() -> PathBuf {
         .nth(3)
         .map(Path::to_owned)
         .unwrap_or_else(|| std::env::temp_dir().join("obol-guests"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    #[should_panic(
+        expected = "would not start (No such file or directory (os error 2)): install the `obol` of the same Obol release as obol-harness and put it on PATH, or point OBOL_BIN at it"
+    )]
+    fn a_missing_gateway_says_where_to_get_one() {
+        Sandbox::start(PathBuf::from("/nonexistent/obol"), Path::new("acme.wasm"));
+    }
+
+    /// An `obol` without the `harness` command (an older release) exits at once: its own
+    /// error is shown with the release rule.
+    #[test]
+    #[should_panic(expected = "harness` stopped answering: ")]
+    fn a_binary_that_does_not_serve_the_harness_is_named_with_its_own_error() {
+        Sandbox::start(PathBuf::from("/bin/sh"), Path::new("acme.wasm"));
+    }
 }

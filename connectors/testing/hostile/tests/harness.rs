@@ -29,6 +29,23 @@ fn an_answer_the_tool_does_not_accept_is_not_held_to_the_schema() {
         .unwrap();
 }
 
+/// The gateway caps a component's output (4 MiB by default); 8 MiB of text fails the author's
+/// test with the gateway's reason instead of every call once deployed.
+#[test]
+#[should_panic(expected = "flood: the connector's output exceeds 4194304 bytes")]
+fn output_over_the_gateways_cap_fails_the_authors_test() {
+    let harness = obol_harness::build_this_crate!();
+    let _ = harness.interpret("flood", 200, b"{}");
+}
+
+/// A component that never returns is stopped at the gateway's deadline, and the test says so.
+#[test]
+#[should_panic(expected = "the component exceeded its 2000 ms deadline")]
+fn a_prepare_that_never_returns_is_stopped_at_the_deadline() {
+    let harness = obol_harness::build_this_crate!();
+    let _ = harness.prepare("spin", obol_sdk::serde_json::json!({}));
+}
+
 /// Record a vendor exchange once, then replay it with no vendor: the fixture keeps the
 /// answer and nothing secret (issue 16).
 #[test]

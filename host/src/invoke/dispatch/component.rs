@@ -161,35 +161,44 @@ fn render_output(
     class: StatusClass,
     output: wit::ToolOutput,
 ) -> Result<Value, ObolError> {
-    let limit = services.runtime.limits().max_output_bytes;
-    let mut size = output.structured.as_ref().map_or(0, String::len);
-    let mut content = Vec::with_capacity(output.content.len());
-    for item in output.content {
-        let rendered = match item {
-            wit::Content::Text(text) => {
-                size += text.len();
-                json!({ "type": "text", "text": text })
-            }
+    let structured = parsed_output(services.runtime.limits().max_output_bytes, &output)?;
+    let content = output
+        .content
+        .into_iter()
+        .map(|item| match item {
+            wit::Content::Text(text) => json!({ "type": "text", "text": text }),
             wit::Content::Image(image) => {
-                size += image.data.len() * 4 / 3;
                 json!({ "type": "image", "mimeType": image.mime_type, "data": base64::engine::general_purpose::STANDARD.encode(&image.data) })
             }
-        };
-        if size > limit {
-            return Err(ObolError::ComponentOutputTooLarge { limit });
-        }
-        content.push(rendered);
-    }
+        })
+        .collect();
+    super::tool_result(route, class, content, structured)
+}
+
+/// A component's output as the gateway takes it: within the output cap (counted as rendered,
+/// images as base64) and with structured output that is JSON, which it returns parsed.
+pub fn parsed_output(limit: usize, output: &wit::ToolOutput) -> Result<Option<Value>, ObolError> {
+    let size = output.structured.as_ref().map_or(0, String::len)
+        + output
+            .content
+            .iter()
+            .map(|item| match item {
+                wit::Content::Text(text) => text.len(),
+                wit::Content::Image(image) => image.data.len() * 4 / 3,
+            })
+            .sum::<usize>();
     if size > limit {
         return Err(ObolError::ComponentOutputTooLarge { limit });
     }
-    let structured = match output.structured {
-        None => None,
-        Some(text) => Some(serde_json::from_str::<Value>(&text).map_err(|_| {
-            ObolError::ComponentFailed(
-                "the component returned structured output that is not JSON".into(),
-            )
-        })?),
-    };
-    super::tool_result(route, class, content, structured)
+    output
+        .structured
+        .as_deref()
+        .map(|text| {
+            serde_json::from_str::<Value>(text).map_err(|_| {
+                ObolError::ComponentFailed(
+                    "the component returned structured output that is not JSON".into(),
+                )
+            })
+        })
+        .transpose()
 }

@@ -299,11 +299,11 @@ fn tool_result(
     content: Vec<Value>,
     structured: Option<Value>,
 ) -> Result<Value, ObolError> {
-    if class == StatusClass::Accepted
-        && let Some(schema) = &route.tool().effect.output_schema
-        && !structured
-            .as_ref()
-            .is_some_and(|value| schema.is_valid(value))
+    if route
+        .tool()
+        .effect
+        .output_fault(class, structured.as_ref())
+        .is_some()
     {
         tracing::warn!(tool = %route.name, "structured output violates the tool's output schema");
         return Err(ObolError::OutputSchemaViolation);
