@@ -27,10 +27,10 @@ pub fn serve(asked: u32, cache: Option<PathBuf>, component: &Path) -> anyhow::Re
         out.flush()
     };
     if asked != protocol::VERSION {
-        say(&Reply::Refused(format!(
-            "this obol speaks harness protocol {}, obol-harness asked for {asked}: use obol and obol-harness of one Obol release",
-            protocol::VERSION
-        )))?;
+        say(&Reply::Unsupported {
+            speaks: protocol::VERSION,
+            asked,
+        })?;
         return Ok(ExitCode::from(2));
     }
     let runtime = Runtime::new(RuntimeConfig {
@@ -137,20 +137,17 @@ async fn answer(runtime: &Runtime, connector: &Connector, request: Request) -> R
                                 .output_fault(class, structured.as_ref())
                                 .map(|fault| fault.to_string()),
                         };
-                    Reply::Interpreted {
-                        output: Ok(output_view(output)),
-                        refused,
+                    match refused {
+                        Some(why) => Reply::OutputRefused(why),
+                        None => Reply::Interpreted(Ok(output_view(output))),
                     }
                 }
-                Ok(Err(error)) => Reply::Interpreted {
-                    output: Err(match error {
-                        wit::InterpretError::MalformedResponse(why) => {
-                            protocol::InterpretError::MalformedResponse(why)
-                        }
-                        wit::InterpretError::UnknownTool => protocol::InterpretError::UnknownTool,
-                    }),
-                    refused: None,
-                },
+                Ok(Err(error)) => Reply::Interpreted(Err(match error {
+                    wit::InterpretError::MalformedResponse(why) => {
+                        protocol::InterpretError::MalformedResponse(why)
+                    }
+                    wit::InterpretError::UnknownTool => protocol::InterpretError::UnknownTool,
+                })),
                 Err(failure) => failed(failure),
             }
         }

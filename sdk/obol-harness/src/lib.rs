@@ -11,9 +11,11 @@
 //!
 //! [`Harness::build`] compiles the crate for `wasm32-wasip2` and hands the `.wasm` to the
 //! gateway itself: `obol harness` loads it with the loader, manifest validation, sandbox and
-//! limits `obol serve` uses, and runs each call with the gateway's own checks around it
-//! ([`protocol`], ADR-0056). A component that passes here is what `obol serve` will run, and
-//! the author's `cargo test` compiles no WebAssembly runtime.
+//! limits `obol serve` uses, checks the arguments against the tool's input schema before
+//! `prepare`, and holds what `interpret` returns to the output cap and the tool's output
+//! schema ([`protocol`], ADR-0056). The author's `cargo test` compiles no WebAssembly runtime.
+//! (The gateway's checks of the request itself, against the connection's origin, need a
+//! connection and are not made here.)
 //!
 //! The `obol` binary is found through `OBOL_BIN`, then beside the test binary (a build of
 //! the Obol workspace), then on `PATH`.
@@ -150,10 +152,8 @@ impl Harness {
             body: body.to_vec(),
         };
         match self.sandbox.ask(&request) {
-            Reply::Interpreted {
-                refused: Some(why), ..
-            } => panic!("{tool}: {why}"),
-            Reply::Interpreted { output, .. } => output,
+            Reply::OutputRefused(why) => panic!("{tool}: {why}"),
+            Reply::Interpreted(output) => output,
             other => unexpected(other),
         }
     }
@@ -211,9 +211,15 @@ impl Sandbox {
                 let mut chunk = [0u8; 4096];
                 while let Ok(n @ 1..) = pipe.read(&mut chunk) {
                     let mut kept = stderr.lock().unwrap_or_else(|p| p.into_inner());
-                    // Enough to explain a refusal; a chatty gateway cannot fill memory.
-                    if kept.len() < 64 << 10 {
-                        kept.push_str(&String::from_utf8_lossy(&chunk[..n]));
+                    kept.push_str(&String::from_utf8_lossy(&chunk[..n]));
+                    // The last 64 KiB: what explains an exit is at the end (a component
+                    // logging on every call cannot push it out, nor fill memory).
+                    if kept.len() > 128 << 10 {
+                        let mut cut = kept.len() - (64 << 10);
+                        while !kept.is_char_boundary(cut) {
+                            cut += 1;
+                        }
+                        kept.drain(..cut);
                     }
                 }
             });
@@ -237,13 +243,18 @@ impl Sandbox {
         };
         let first = {
             let mut link = sandbox.link.lock().unwrap_or_else(|p| p.into_inner());
-            sandbox.read(&mut link)
+            sandbox.read(&mut link, Stage::Starting)
         };
         sandbox.manifest = match first {
             Reply::Loaded(manifest) => manifest,
             Reply::Refused(why) => panic!(
                 "the gateway would refuse this component: {}: {why}",
                 wasm.display()
+            ),
+            Reply::Unsupported { speaks, asked } => panic!(
+                "`{} harness` speaks harness protocol {speaks}, and obol-harness {} protocol {asked}: use obol and obol-harness of one Obol release",
+                sandbox.binary.display(),
+                env!("CARGO_PKG_VERSION")
             ),
             other => unexpected(other),
         };
@@ -255,12 +266,12 @@ impl Sandbox {
         let mut line = serde_json::to_string(request).expect("plain data");
         line.push('\n');
         if link.input.write_all(line.as_bytes()).is_err() {
-            self.stopped();
+            self.stopped(Stage::Serving);
         }
-        self.read(&mut link)
+        self.read(&mut link, Stage::Serving)
     }
 
-    fn read(&self, link: &mut Link) -> Reply {
+    fn read(&self, link: &mut Link, stage: Stage) -> Reply {
         let mut line = String::new();
         match link.output.read_line(&mut line) {
             Ok(1..) => serde_json::from_str(&line).unwrap_or_else(|e| {
@@ -270,24 +281,37 @@ impl Sandbox {
                     env!("CARGO_PKG_VERSION")
                 )
             }),
-            _ => self.stopped(),
+            _ => self.stopped(stage),
         }
     }
 
-    /// The gateway closed its output: it failed to start (an `obol` without `harness`, or of
-    /// another protocol) or died; its own words say which.
-    fn stopped(&self) -> ! {
+    /// The gateway closed its output: it did not start (an `obol` without `harness`) or it
+    /// died; its own last words say why.
+    fn stopped(&self, stage: Stage) -> ! {
         // Its stderr ends when it exits; give the reader thread a moment to take the rest.
         std::thread::sleep(std::time::Duration::from_millis(100));
         let said = self.stderr.lock().unwrap_or_else(|p| p.into_inner());
+        let hint = match stage {
+            Stage::Starting => format!(
+                "\n(obol-harness {} speaks harness protocol {}: it needs the obol of the same Obol release)",
+                env!("CARGO_PKG_VERSION"),
+                protocol::VERSION
+            ),
+            Stage::Serving => String::new(),
+        };
         panic!(
-            "`{} harness` stopped answering: {}\n(obol-harness {} speaks harness protocol {}: it needs the obol of the same Obol release)",
+            "`{} harness` stopped answering: {}{hint}",
             self.binary.display(),
             said.trim(),
-            env!("CARGO_PKG_VERSION"),
-            protocol::VERSION
         )
     }
+}
+
+/// Whether the gateway had loaded the component when it stopped answering.
+#[derive(Clone, Copy)]
+enum Stage {
+    Starting,
+    Serving,
 }
 
 /// The `obol` to run components in: `OBOL_BIN`, else the one beside this test binary (a

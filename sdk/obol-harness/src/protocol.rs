@@ -1,8 +1,8 @@
 //! What `obol-harness` and `obol harness` say to each other (ADR-0056).
 //!
 //! The harness starts `obol harness --protocol 1 COMPONENT.wasm`; the gateway loads the
-//! component with its own loader and answers one line, [`Reply::Loaded`] or
-//! [`Reply::Refused`]. After that each line the harness writes is one [`Request`] and each
+//! component with its own loader and answers one line: [`Reply::Loaded`], [`Reply::Refused`],
+//! or [`Reply::Unsupported`] (every later protocol keeps these three). After that each line the harness writes is one [`Request`] and each
 //! line the gateway writes back is its [`Reply`]: JSON, one object per line, in order. The
 //! gateway exits when its input closes.
 //!
@@ -52,14 +52,17 @@ pub enum Reply {
     Loaded(Manifest),
     /// The gateway would refuse to load the component; why, as `obol serve` says it.
     Refused(String),
-    Prepared(Result<OutboundRequest, PrepareError>),
-    Interpreted {
-        output: Result<ToolOutput, InterpretError>,
-        /// Why the gateway would refuse this output in every such call: over the output cap,
-        /// structured output that is not JSON, or that breaks the tool's own output schema
-        /// (each failing field named).
-        refused: Option<String>,
+    /// This obol speaks another protocol than the harness asked for.
+    Unsupported {
+        speaks: u32,
+        asked: u32,
     },
+    Prepared(Result<OutboundRequest, PrepareError>),
+    Interpreted(Result<ToolOutput, InterpretError>),
+    /// The gateway would refuse the output `interpret` returned, in every such call: over the
+    /// output cap, structured output that is not JSON, or structured output that breaks the
+    /// tool's own output schema (each failing field named). The output itself is not sent.
+    OutputRefused(String),
     Classified(StatusClass),
     /// The component trapped, ran past its deadline or its memory limit.
     Failed(String),
