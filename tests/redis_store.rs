@@ -613,3 +613,66 @@ async fn a_cluster_sends_once_through_a_slot_migration() {
     assert_eq!(before.0 + before.1 + during.0 + during.1, 80);
     assert_eq!(after, (20, 0), "every retry after the move replays");
 }
+
+/// A call on a lane talks to Redis over the lane's own connection, which the lane drives: it
+/// is answered while the only worker of the runtime that opened the store is blocked, where a
+/// round trip over the shared connection would wait for that worker (ADR-0057).
+#[test]
+fn a_lane_talks_to_redis_without_the_runtime_that_opened_the_store() {
+    use std::sync::mpsc;
+    let redis = RedisServer::start();
+    let opener = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let store = std::sync::Arc::new(obol::store::Store::Redis(
+        opener
+            .block_on(obol::store::RedisStore::connect(&redis.url()))
+            .unwrap(),
+    ));
+    let lanes = obol::listener::lanes::Lanes::start().unwrap();
+    let lanes_count = obol::listener::lanes::count();
+    // Every lane asks a few times, side by side (one connection per lane): the first ask
+    // opens the lane's own connection in the background.
+    let (warm, warmed) = mpsc::channel();
+    let (hold, held) = tokio::sync::watch::channel(false);
+    for _ in 0..lanes_count {
+        let (store, warm, mut held) = (store.clone(), warm.clone(), held.clone());
+        lanes.serve(async move {
+            for _ in 0..20 {
+                store.receipt("w", "r").await.unwrap();
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+            warm.send(()).unwrap();
+            let _ = held.wait_for(|released| *released).await;
+        });
+    }
+    for _ in 0..lanes_count {
+        warmed.recv_timeout(Duration::from_secs(10)).unwrap();
+    }
+    drop(hold);
+
+    let (blocked, worker_blocked) = mpsc::channel();
+    let (release, released) = mpsc::channel::<()>();
+    opener.spawn(async move {
+        blocked.send(()).unwrap();
+        let _ = released.recv();
+    });
+    worker_blocked.recv().unwrap();
+    let (answered, answer) = mpsc::channel();
+    for _ in 0..lanes_count {
+        let (store, answered) = (store.clone(), answered.clone());
+        lanes.serve(async move {
+            let _ = answered.send(store.receipt("w", "r").await.is_ok());
+        });
+    }
+    for _ in 0..lanes_count {
+        assert_eq!(
+            answer.recv_timeout(Duration::from_millis(1500)),
+            Ok(true),
+            "a lane's call waited for the runtime that opened the store"
+        );
+    }
+    release.send(()).unwrap();
+}

@@ -8,19 +8,31 @@
 //! core once there are as many connections as lanes, and a guest spinning to its deadline
 //! yields to its lane's other calls at every epoch tick (ADR-0049).
 
+use std::cell::Cell;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio::sync::oneshot;
 
-/// File descriptors a lane's runtime holds (its poller, its waker, its signal pipe's copy).
-pub const DESCRIPTORS_PER_LANE: u64 = 4;
+/// File descriptors a lane holds: its runtime's poller, waker and signal pipe's copy, and its
+/// own Redis connection (`store::redis`).
+pub const DESCRIPTORS_PER_LANE: u64 = 5;
 
 /// How many lanes [`Lanes::start`] starts: one per core this process may use (the cgroup's
 /// CPU quota counts).
 pub fn count() -> usize {
     std::thread::available_parallelism().map_or(1, usize::from)
+}
+
+thread_local! {
+    static LANE: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+/// The index of the lane running the caller, below [`count`]; `None` off the lanes. What a
+/// lane keeps for itself (a Redis connection driven on its own runtime) is found by it.
+pub fn current() -> Option<usize> {
+    LANE.with(Cell::get)
 }
 
 /// The running lanes. Dropping this stops them, cancelling whatever still runs on them;
@@ -107,6 +119,7 @@ impl Lane {
         let thread = std::thread::Builder::new()
             .name(format!("obol-lane-{index}"))
             .spawn(move || {
+                LANE.with(|lane| lane.set(Some(index)));
                 // Drives every task spawned onto this lane until the lanes are dropped.
                 let _ = runtime.block_on(stopped);
             })?;
@@ -146,6 +159,7 @@ mod tests {
         let (first, release_first) = connection(&lanes);
         let (first, spawned) = first.await.unwrap();
         assert!(first.starts_with("obol-lane-"), "{first}");
+        assert_eq!(current(), None, "the test's own thread is no lane");
         assert_eq!(
             spawned, first,
             "a task the connection spawned left its lane"

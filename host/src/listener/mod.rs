@@ -15,7 +15,7 @@
 
 pub mod body;
 pub mod failures;
-mod lanes;
+pub mod lanes;
 
 use std::collections::HashMap;
 use std::convert::Infallible;

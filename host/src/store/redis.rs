@@ -13,8 +13,8 @@
 //! once that many replicas acknowledged it (`WAITAOF` where the server has it, else `WAIT`),
 //! pipelined with the write itself (`docs/operations.md`).
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
@@ -25,6 +25,7 @@ use redis::{AsyncCommands, Cmd, RedisFuture, RedisResult, Script, Value};
 
 use super::{Claim, ClaimKey, ClaimRecord, Receipt, Registry, RegistryWrite, StoreError};
 use crate::approvals::{ApprovalId, Decided, Decision, Ticket};
+use crate::listener::lanes;
 
 /// Slot → lease end (ms) of claims with an attempt reserved, for the sweeper. It lives outside
 /// every claim's hash tag, so it is written beside the scripts, never inside them: before a
@@ -133,6 +134,8 @@ pub struct RedisStore {
     /// it is sent on until the replicas catch up, so each write waits on its own connection.
     connections: Arc<Vec<Connection>>,
     next_connection: Arc<AtomicUsize>,
+    /// Each lane's own connection, by lane index (see [`RedisStore::lane_connection`]).
+    lanes: Arc<Vec<LaneConnection>>,
     server: Arc<Server>,
     scripts: Arc<Scripts>,
     syncs: Arc<AtomicU64>,
@@ -176,6 +179,15 @@ impl Scripts {
             decide_ticket: Script::new(DECIDE_TICKET),
         }
     }
+}
+
+/// A lane's own connection: opened on the lane, so the lane's runtime drives it and a round
+/// trip wakes no other thread (ADR-0057). Empty until the lane first asks and the connection
+/// is up.
+#[derive(Default)]
+struct LaneConnection {
+    connection: OnceLock<Connection>,
+    opening: AtomicBool,
 }
 
 /// The Redis deployment the store talks to, and how to open another connection to it.
@@ -478,6 +490,11 @@ impl RedisStore {
         Ok(RedisStore {
             connections: Arc::new(vec![connection]),
             next_connection: Arc::default(),
+            lanes: Arc::new(
+                (0..lanes::count())
+                    .map(|_| LaneConnection::default())
+                    .collect(),
+            ),
             server: Arc::new(server),
             scripts: Arc::new(Scripts::new()),
             syncs: Arc::new(AtomicU64::new(0)),
@@ -533,10 +550,51 @@ impl RedisStore {
         format!("{:016x}.{n:x}", self.writer)
     }
 
-    /// The next connection, round robin.
+    /// The calling lane's own connection, else the next shared one, round robin. The shared
+    /// connections are driven by the runtime that opened the store: from a lane, each round
+    /// trip on them is handed to that runtime's worker and back.
     fn connection(&self) -> Connection {
+        if let Some(own) = self.lane_connection() {
+            return own;
+        }
         let at = self.next_connection.fetch_add(1, Ordering::Relaxed) % self.connections.len();
         self.connections[at].clone()
+    }
+
+    /// The calling lane's own connection, for a single server whose writes count on its own
+    /// reply (with replicas, `WAIT` holds up the connection it is sent on, so writes keep the
+    /// shared pool; a cluster connection routes itself). The first ask opens it in the
+    /// background, on the lane, and is answered `None` meanwhile, as is every ask while Redis
+    /// is unreachable: a call never waits for a connection to open.
+    fn lane_connection(&self) -> Option<Connection> {
+        if self.acknowledgement != Acknowledgement::Local
+            || !matches!(*self.server, Server::Node(_))
+        {
+            return None;
+        }
+        let index = lanes::current()?;
+        let own = self.lanes.get(index)?;
+        if let Some(connection) = own.connection.get() {
+            return Some(connection.clone());
+        }
+        if !own.opening.swap(true, Ordering::AcqRel) {
+            let server = Arc::clone(&self.server);
+            let lanes = Arc::clone(&self.lanes);
+            tokio::spawn(async move {
+                let own = &lanes[index];
+                match server.connect().await {
+                    Ok(connection) => {
+                        let _ = own.connection.set(connection);
+                    }
+                    // Not the error: it can carry the server's address and credentials.
+                    Err(_) => {
+                        tracing::debug!("a lane's Redis connection did not open");
+                        own.opening.store(false, Ordering::Release);
+                    }
+                }
+            });
+        }
+        None
     }
 
     /// Sends `writes` with the configured acknowledgement. A script not loaded yet (first
