@@ -633,45 +633,49 @@ fn a_lane_talks_to_redis_without_the_runtime_that_opened_the_store() {
     ));
     let lanes = obol::listener::lanes::Lanes::start().unwrap();
     let lanes_count = obol::listener::lanes::count();
-    // Every lane asks a few times, side by side (one connection per lane): the first ask
-    // opens the lane's own connection in the background.
-    let (warm, warmed) = mpsc::channel();
-    let (hold, held) = tokio::sync::watch::channel(false);
+    // One task per lane, held there (each lane serves one): it asks once, which opens the
+    // lane's own connection in the background, then waits for the opener to be blocked and
+    // asks until an answer comes within 300 ms, for up to 10 s.
+    let (asked, first_asked) = mpsc::channel();
+    let (answered, answers) = mpsc::channel();
+    let (blocked, opener_blocked) = tokio::sync::watch::channel(false);
     for _ in 0..lanes_count {
-        let (store, warm, mut held) = (store.clone(), warm.clone(), held.clone());
+        let (store, asked, answered, mut opener_blocked) = (
+            store.clone(),
+            asked.clone(),
+            answered.clone(),
+            opener_blocked.clone(),
+        );
         lanes.serve(async move {
-            for _ in 0..20 {
-                store.receipt("w", "r").await.unwrap();
-                tokio::time::sleep(Duration::from_millis(25)).await;
+            store.receipt("w", "r").await.unwrap();
+            asked.send(()).unwrap();
+            let _ = opener_blocked.wait_for(|blocked| *blocked).await;
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            let mut on_time = false;
+            while !on_time && tokio::time::Instant::now() < deadline {
+                on_time = tokio::time::timeout(Duration::from_millis(300), store.receipt("w", "r"))
+                    .await
+                    .is_ok_and(|answer| answer.is_ok());
             }
-            warm.send(()).unwrap();
-            let _ = held.wait_for(|released| *released).await;
+            let _ = answered.send(on_time);
         });
     }
     for _ in 0..lanes_count {
-        warmed.recv_timeout(Duration::from_secs(10)).unwrap();
+        first_asked.recv_timeout(Duration::from_secs(10)).unwrap();
     }
-    drop(hold);
-
-    let (blocked, worker_blocked) = mpsc::channel();
+    let (worker_taken, worker_is_taken) = mpsc::channel();
     let (release, released) = mpsc::channel::<()>();
     opener.spawn(async move {
-        blocked.send(()).unwrap();
+        worker_taken.send(()).unwrap();
         let _ = released.recv();
     });
-    worker_blocked.recv().unwrap();
-    let (answered, answer) = mpsc::channel();
-    for _ in 0..lanes_count {
-        let (store, answered) = (store.clone(), answered.clone());
-        lanes.serve(async move {
-            let _ = answered.send(store.receipt("w", "r").await.is_ok());
-        });
-    }
+    worker_is_taken.recv().unwrap();
+    blocked.send(true).unwrap();
     for _ in 0..lanes_count {
         assert_eq!(
-            answer.recv_timeout(Duration::from_millis(1500)),
+            answers.recv_timeout(Duration::from_secs(15)),
             Ok(true),
-            "a lane's call waited for the runtime that opened the store"
+            "a lane's calls waited for the runtime that opened the store"
         );
     }
     release.send(()).unwrap();

@@ -767,7 +767,7 @@ impl RedisStore {
                 tracing::warn!(
                     "a claim reply was lost ({error}); reading the claim to see what happened"
                 );
-                return match self.get(key).await? {
+                return match self.get_slot_on(&key.slot(), connection).await? {
                     Some(stored) if same_record(&stored, record) => Ok((
                         Claim::Acquired,
                         self.acknowledge_claim(&claim, connection).await,
@@ -882,7 +882,9 @@ impl RedisStore {
             Ok(sent) => sent,
             Err(error) if ambiguous(&error) => {
                 // The script may have run: what is stored now says whether it did.
-                let done = self.settle_ambiguous(key, expected, next, &error).await?;
+                let done = self
+                    .settle_ambiguous(key, expected, next, &error, connection)
+                    .await?;
                 let acknowledged = match done {
                     true => self.acknowledge_claim(&claim, connection).await,
                     false => Ok(()),
@@ -902,16 +904,19 @@ impl RedisStore {
     /// After a reply whose outcome is unknown (a timeout or a dropped connection once the
     /// script was sent), reads the record and continues from what is there: `next` stored
     /// means the transition happened; `expected` still stored means it did not (a failure,
-    /// nothing to act on); anything else means someone else moved it (a lost race).
+    /// nothing to act on); anything else means someone else moved it (a lost race). Read on
+    /// the write's own connection, behind the write: on another, the read could overtake a
+    /// write still queued and find the record as it was before it.
     async fn settle_ambiguous(
         &self,
         key: &ClaimKey,
         expected: &ClaimRecord,
         next: &ClaimRecord,
         cause: &redis::RedisError,
+        connection: &mut Connection,
     ) -> Result<bool, StoreError> {
         tracing::warn!("a store reply was lost ({cause}); reading the claim to see what happened");
-        match self.get(key).await? {
+        match self.get_slot_on(&key.slot(), connection).await? {
             Some(stored) if same_record(&stored, next) => Ok(true),
             Some(stored) if stored.version == expected.version => Err(failed(cause)),
             Some(_) => Ok(false),
@@ -1068,12 +1073,20 @@ impl RedisStore {
 
     /// A claim by its slot, with its lease on the reader's clock.
     async fn get_slot(&self, slot: &str) -> Result<Option<ClaimRecord>, StoreError> {
-        let mut connection = self.connection();
+        self.get_slot_on(slot, &mut self.connection()).await
+    }
+
+    /// [`RedisStore::get_slot`] on `connection`.
+    async fn get_slot_on(
+        &self,
+        slot: &str,
+        connection: &mut Connection,
+    ) -> Result<Option<ClaimRecord>, StoreError> {
         let (json, lease_end, server_now): (Option<String>, i64, i64) = self
             .scripts
             .get_claim
             .key(format!("obol:{{{slot}}}:claim"))
-            .invoke_async(&mut connection)
+            .invoke_async(connection)
             .await
             .map_err(failed)?;
         json.map(|j| {
