@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use tokio::sync::oneshot;
 
 use super::journal::Journal;
@@ -147,22 +148,22 @@ struct Queue {
 enum Write {
     Claim {
         slot: String,
-        record: String,
+        record: RecordJson,
         lease: Option<u64>,
     },
     Transition {
         slot: String,
         expected_version: u64,
         next_version: u64,
-        next: String,
+        next: RecordJson,
         lease: Option<u64>,
         /// When `next` is finalized: the time its retention counts from.
         finalized_since: Option<u64>,
-        receipt: Option<Box<Receipt>>,
+        receipt: Option<Box<RenderedReceipt>>,
     },
     /// A receipt without a claim: a refused call.
     Refusal {
-        receipt: Box<Receipt>,
+        receipt: Box<RenderedReceipt>,
     },
     PutTicket {
         ticket: Box<Ticket>,
@@ -201,45 +202,91 @@ enum Work {
     Publish,
 }
 
-/// A write with its journal entry and its receipt rendered by its caller: the leader, which
-/// every write waits for, joins the entries of a batch instead of serialising them, and
-/// copies a receipt's bytes into redb.
+/// A write with its journal entry rendered by its caller: the leader, which every write
+/// waits for, joins the entries of a batch instead of serialising them.
 struct Journaled {
     write: Write,
     entry: Vec<u8>,
-    receipt: Option<RenderedReceipt>,
-}
-
-/// A receipt as the receipts table and the audit log store it, and its keys.
-struct RenderedReceipt {
-    /// `{workspace}\0{id}`, its key in the receipts table.
-    id_key: String,
-    finalized_at_ms: u64,
-    receipt: Vec<u8>,
-    audit: Vec<u8>,
 }
 
 impl Journaled {
     fn of(write: Write) -> Result<Journaled, StoreError> {
-        let receipt = match &write {
-            Write::Transition {
-                receipt: Some(receipt),
-                ..
-            }
-            | Write::Refusal { receipt } => Some(RenderedReceipt {
-                id_key: format!("{}\0{}", receipt.workspace, receipt.id),
-                finalized_at_ms: receipt.finalized_at_ms,
-                receipt: serde_json::to_vec(receipt).map_err(failed)?,
-                audit: serde_json::to_vec(&super::audit_event(receipt)).map_err(failed)?,
-            }),
-            _ => None,
-        };
         let entry = serde_json::to_vec(&write).map_err(failed)?;
-        Ok(Journaled {
-            write,
-            entry,
-            receipt,
+        Ok(Journaled { write, entry })
+    }
+}
+
+/// A claim record's JSON, as the claims table stores it. Journaled as itself rather than as
+/// a string holding it, which escaped every quote again on the leader's path (ADR-0058);
+/// journals written before that hold the string, and recovery reads both.
+struct RecordJson(Box<RawValue>);
+
+impl RecordJson {
+    fn of(record: &ClaimRecord) -> Result<RecordJson, StoreError> {
+        serde_json::value::to_raw_value(record)
+            .map(RecordJson)
+            .map_err(failed)
+    }
+
+    fn bytes(&self) -> &[u8] {
+        self.0.get().as_bytes()
+    }
+}
+
+impl Serialize for RecordJson {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for RecordJson {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let raw = Box::<RawValue>::deserialize(deserializer)?;
+        if !raw.get().starts_with('"') {
+            return Ok(RecordJson(raw));
+        }
+        // The earlier journal format: the record as a JSON string.
+        let text: String = serde_json::from_str(raw.get()).map_err(D::Error::custom)?;
+        RawValue::from_string(text)
+            .map(RecordJson)
+            .map_err(D::Error::custom)
+    }
+}
+
+/// A receipt as the receipts table and the audit log store it, and its keys: serialised once,
+/// by its caller, and journaled as those same bytes (the JSON of the [`Receipt`], so recovery
+/// reads it back as one and renders it again).
+struct RenderedReceipt {
+    /// `{workspace}\0{id}`, its key in the receipts table.
+    id_key: String,
+    finalized_at_ms: u64,
+    receipt: Box<RawValue>,
+    audit: Vec<u8>,
+}
+
+impl RenderedReceipt {
+    fn of(receipt: &Receipt) -> Result<RenderedReceipt, StoreError> {
+        Ok(RenderedReceipt {
+            id_key: format!("{}\0{}", receipt.workspace, receipt.id),
+            finalized_at_ms: receipt.finalized_at_ms,
+            receipt: serde_json::value::to_raw_value(receipt).map_err(failed)?,
+            audit: serde_json::to_vec(&super::AuditEvent::of(receipt)).map_err(failed)?,
         })
+    }
+}
+
+impl Serialize for RenderedReceipt {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.receipt.serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for RenderedReceipt {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let receipt = Receipt::deserialize(deserializer)?;
+        RenderedReceipt::of(&receipt).map_err(D::Error::custom)
     }
 }
 
@@ -307,11 +354,10 @@ impl EmbeddedStore {
 
     pub async fn claim(&self, key: &ClaimKey, record: &ClaimRecord) -> Result<Claim, StoreError> {
         let lease = record.reserved_lease();
-        let record = serde_json::to_string(record).map_err(failed)?;
         self.ask(
             Work::write(Write::Claim {
                 slot: key.slot(),
-                record,
+                record: RecordJson::of(record)?,
                 lease,
             })?,
             Reply::Claim,
@@ -330,7 +376,7 @@ impl EmbeddedStore {
         let finalized_since = matches!(next.state, super::ClaimState::Finalized { .. })
             .then_some(next.lease_until_ms);
         let next_version = next.version;
-        let next = serde_json::to_string(next).map_err(failed)?;
+        let next = RecordJson::of(next)?;
         self.ask(
             Work::write(Write::Transition {
                 slot: key.slot(),
@@ -339,7 +385,9 @@ impl EmbeddedStore {
                 next,
                 lease,
                 finalized_since,
-                receipt: receipt.cloned().map(Box::new),
+                receipt: receipt
+                    .map(|receipt| RenderedReceipt::of(receipt).map(Box::new))
+                    .transpose()?,
             })?,
             Reply::Done,
         )
@@ -349,7 +397,7 @@ impl EmbeddedStore {
     pub async fn record_refusal(&self, receipt: &Receipt) -> Result<(), StoreError> {
         self.ask(
             Work::write(Write::Refusal {
-                receipt: Box::new(receipt.clone()),
+                receipt: Box::new(RenderedReceipt::of(receipt)?),
             })?,
             Reply::Done,
         )
@@ -860,7 +908,7 @@ fn write_receipt(
             .map_err(failed)?;
     }
     receipts
-        .insert(id_key.as_str(), receipt.receipt.as_slice())
+        .insert(id_key.as_str(), receipt.receipt.get().as_bytes())
         .map_err(failed)?;
     expiry
         .insert(
@@ -1287,7 +1335,7 @@ fn apply<'a>(
                         Some(Err(error)) => results.push(Err(undecodable(slot, error))),
                         None => {
                             claims
-                                .insert(slot.as_str(), record.as_bytes())
+                                .insert(slot.as_str(), record.bytes())
                                 .map_err(failed)?;
                             if let Some(until) = lease {
                                 leases.insert(slot.as_str(), *until).map_err(failed)?;
@@ -1303,8 +1351,7 @@ fn apply<'a>(
                     next,
                     lease,
                     finalized_since,
-                    // Rendered with the write (`Journaled::of`).
-                    receipt: _,
+                    receipt,
                 } => {
                     let current = claims
                         .get(slot.as_str())
@@ -1327,9 +1374,7 @@ fn apply<'a>(
                     }
                     let matches = current.version == *expected_version;
                     if matches {
-                        claims
-                            .insert(slot.as_str(), next.as_bytes())
-                            .map_err(failed)?;
+                        claims.insert(slot.as_str(), next.bytes()).map_err(failed)?;
                         // A finalized claim's retention counts from its last lease; a
                         // redispatch takes it out of the count until it is final again.
                         if matches!(current.state, super::ClaimState::Finalized { .. }) {
@@ -1347,7 +1392,7 @@ fn apply<'a>(
                             None => leases.remove(slot.as_str()).map(|_| ()),
                         }
                         .map_err(failed)?;
-                        if let Some(rendered) = &journaled.receipt {
+                        if let Some(rendered) = receipt {
                             write_receipt(
                                 &mut receipts,
                                 &mut index,
@@ -1360,17 +1405,14 @@ fn apply<'a>(
                     }
                     results.push(Ok(Applied::Transition(matches)));
                 }
-                Write::Refusal { receipt: _ } => {
-                    let Some(rendered) = &journaled.receipt else {
-                        unreachable!("`Journaled::of` renders every refusal's receipt")
-                    };
+                Write::Refusal { receipt } => {
                     write_receipt(
                         &mut receipts,
                         &mut index,
                         &mut expiry,
                         &mut audit,
                         &mut next_audit,
-                        rendered,
+                        receipt,
                     )?;
                     results.push(Ok(Applied::Transition(true)));
                 }
@@ -1509,23 +1551,24 @@ mod tests {
     #[test]
     fn a_batch_is_journaled_as_the_array_of_its_writes() {
         use crate::store::contract;
-        let record = serde_json::to_string(&claimed("rcp_a \"quoted\" \u{e9}")).unwrap();
+        let claimed = claimed("rcp_a \"quoted\" \u{e9}");
+        let record = || RecordJson::of(&claimed).unwrap();
         let (k, r) = (contract::key(1), contract::record());
-        let receipt = Box::new(contract::receipt(&r, &k));
+        let receipt = || Box::new(RenderedReceipt::of(&contract::receipt(&r, &k)).unwrap());
         let writes = vec![
             Write::Transition {
                 slot: k.slot(),
                 expected_version: 1,
                 next_version: 2,
-                next: record.clone(),
+                next: record(),
                 lease: None,
                 finalized_since: Some(5),
-                receipt: Some(receipt.clone()),
+                receipt: Some(receipt()),
             },
-            Write::Refusal { receipt },
+            Write::Refusal { receipt: receipt() },
             Write::Claim {
                 slot: key("batch0001").slot(),
-                record: record.clone(),
+                record: record(),
                 lease: Some(7),
             },
             Write::Compact {
@@ -1553,7 +1596,9 @@ mod tests {
         let payload = journal_payload(&journaled);
         assert_eq!(String::from_utf8(payload.clone()), String::from_utf8(whole));
         let read: Vec<Write> = serde_json::from_slice(&payload).unwrap();
-        assert!(matches!(&read[2], Write::Claim { record: r, .. } if *r == record));
+        assert!(
+            matches!(&read[2], Write::Claim { record: r, .. } if r.bytes() == record().bytes())
+        );
         let alone = journal_payload(&journaled[..1]);
         assert_eq!(
             alone,
@@ -1727,6 +1772,80 @@ mod tests {
         for claimed in healthy_claims {
             assert_eq!(claimed.unwrap(), Claim::Acquired);
         }
+    }
+
+    /// The leader's journal entry carries a claim record as the JSON the claims table stores,
+    /// not as a string escaping it again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_claim_is_journaled_as_its_own_json() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.redb");
+        let store = EmbeddedStore::open(&path).unwrap();
+        let record = claimed("rcp_raw \"quoted\"");
+        assert!(matches!(
+            store.claim(&key("raw00001"), &record).await,
+            Ok(Claim::Acquired)
+        ));
+        let copy = dir.path().join("copy.journal");
+        std::fs::copy(journal_path(&path), &copy).unwrap();
+        let (_, records) = Journal::open(&copy, JOURNAL_BYTES).unwrap();
+        let entry = String::from_utf8(records.last().unwrap().payload.clone()).unwrap();
+        assert!(
+            entry.contains(&serde_json::to_string(&record).unwrap()),
+            "{entry}"
+        );
+    }
+
+    /// Journals written before records were journaled as JSON (a string holding it) are
+    /// still applied on open: a gateway upgraded after a crash loses nothing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_journal_of_the_earlier_format_is_applied_on_open() {
+        use crate::store::contract;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.redb");
+        drop(EmbeddedStore::open(&path).unwrap());
+        let (k, r) = (contract::key(1), contract::record());
+        let done = r.finalize(crate::store::StoredOutcome {
+            class: crate::store::OutcomeClass::Accepted,
+            vendor_status: Some(200),
+            response: Ok(serde_json::json!({"content": [], "isError": false})),
+        });
+        let receipt = contract::receipt(&r, &k);
+        let earlier = [
+            serde_json::json!([{"Claim": {
+                "slot": k.slot(),
+                "record": serde_json::to_string(&r).unwrap(),
+                "lease": null,
+            }}]),
+            serde_json::json!([{"Transition": {
+                "slot": k.slot(),
+                "expected_version": r.version,
+                "next_version": done.version,
+                "next": serde_json::to_string(&done).unwrap(),
+                "lease": null,
+                "finalized_since": done.lease_until_ms,
+                "receipt": receipt,
+            }}]),
+        ];
+        {
+            let (mut journal, records) =
+                Journal::open(&journal_path(&path), JOURNAL_BYTES).unwrap();
+            assert!(records.is_empty());
+            for (sequence, entry) in (1..).zip(&earlier) {
+                journal
+                    .append(sequence, &serde_json::to_vec(entry).unwrap())
+                    .unwrap();
+            }
+        }
+        let store = EmbeddedStore::open(&path).unwrap();
+        assert_eq!(store.get(&k).await.unwrap(), Some(done));
+        assert_eq!(
+            store
+                .receipt(&receipt.workspace, &receipt.id)
+                .await
+                .unwrap(),
+            Some(receipt)
+        );
     }
 
     async fn futures_join<F: std::future::Future>(

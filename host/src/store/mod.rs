@@ -598,15 +598,27 @@ pub(crate) fn version_step(expected: u64, next: u64) -> StoreError {
 /// The audit record written with a receipt (both backends write the same shape). Its time is
 /// the receipt's: a write applied again from the journal after a crash must write what it
 /// wrote the first time, so nothing here reads the clock.
-pub(crate) fn audit_event(receipt: &Receipt) -> serde_json::Value {
-    serde_json::json!({
-        "at_ms": receipt.finalized_at_ms,
-        "workspace": receipt.workspace,
-        "receipt_id": receipt.id,
-        "tool": receipt.tool,
-        "outcome": receipt.outcome,
-        "attempt_count": receipt.attempt_count,
-    })
+#[derive(Serialize)]
+pub(crate) struct AuditEvent<'a> {
+    at_ms: u64,
+    workspace: &'a str,
+    receipt_id: &'a str,
+    tool: &'a str,
+    outcome: OutcomeClass,
+    attempt_count: u32,
+}
+
+impl<'a> AuditEvent<'a> {
+    pub(crate) fn of(receipt: &'a Receipt) -> AuditEvent<'a> {
+        AuditEvent {
+            at_ms: receipt.finalized_at_ms,
+            workspace: &receipt.workspace,
+            receipt_id: &receipt.id,
+            tool: &receipt.tool,
+            outcome: receipt.outcome,
+            attempt_count: receipt.attempt_count,
+        }
+    }
 }
 
 /// The ticket as decided (shared by every backend).

@@ -840,7 +840,9 @@ impl RedisStore {
             .map_err(failed)?
             .unwrap_or_default();
         let event = receipt
-            .map(|r| super::audit_event(r).to_string())
+            .map(|r| serde_json::to_string(&super::AuditEvent::of(r)))
+            .transpose()
+            .map_err(failed)?
             .unwrap_or_default();
         let mut writes = Writes::default();
         // Before the script: the lease index entry of a new reservation (so a reserved claim
@@ -997,7 +999,7 @@ impl RedisStore {
             .arg(10_000)
             .arg("*")
             .arg("event")
-            .arg(super::audit_event(receipt).to_string());
+            .arg(serde_json::to_string(&super::AuditEvent::of(receipt)).map_err(failed)?);
         writes.group().ignore(event);
         self.send(writes, &mut self.connection())
             .await
