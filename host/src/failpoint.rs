@@ -7,27 +7,37 @@ use std::sync::Mutex;
 
 /// Whether the named failpoint fires now.
 pub fn active(name: &str) -> bool {
-    let Ok(list) = std::env::var("OBOL_FAILPOINTS") else {
-        return false;
-    };
-    for item in list.split(',').map(str::trim) {
-        if item == name {
+    // Read once: the tests set the variable when they start the process, and the hot path
+    // asks on every call (reading the environment takes a lock and allocates).
+    static LIST: std::sync::OnceLock<Vec<(String, Option<u64>)>> = std::sync::OnceLock::new();
+    let list = LIST.get_or_init(|| {
+        std::env::var("OBOL_FAILPOINTS")
+            .unwrap_or_default()
+            .split(',')
+            .map(str::trim)
+            .filter(|item| !item.is_empty())
+            .filter_map(|item| match item.split_once('=') {
+                // `NAME=N` with an N that does not parse names no failpoint.
+                Some((point, times)) => Some((point.to_owned(), Some(times.parse().ok()?))),
+                None => Some((item.to_owned(), None)),
+            })
+            .collect()
+    });
+    for (point, times) in list {
+        if point != name {
+            continue;
+        }
+        let Some(times) = times else {
             return true;
-        }
-        if let Some(times) = item
-            .strip_prefix(name)
-            .and_then(|rest| rest.strip_prefix('='))
-            .and_then(|n| n.parse::<u64>().ok())
-        {
-            static FIRED: Mutex<Option<HashMap<String, u64>>> = Mutex::new(None);
-            let mut fired = FIRED.lock().expect("failpoint counts");
-            let count = fired
-                .get_or_insert_with(HashMap::new)
-                .entry(name.to_owned())
-                .or_insert(0);
-            *count += 1;
-            return *count <= times;
-        }
+        };
+        static FIRED: Mutex<Option<HashMap<String, u64>>> = Mutex::new(None);
+        let mut fired = FIRED.lock().expect("failpoint counts");
+        let count = fired
+            .get_or_insert_with(HashMap::new)
+            .entry(name.to_owned())
+            .or_insert(0);
+        *count += 1;
+        return *count <= *times;
     }
     false
 }
