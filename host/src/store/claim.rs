@@ -313,6 +313,32 @@ pub enum Opening {
     Held(HeldFor),
 }
 
+/// What a compare-and-set reads of the record it replaces: the version it compares, whether
+/// the record is final and the lease its retention counts from. The rest (the stored answer
+/// above all) is skipped, not built: the writer does this once per transition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub(crate) struct RecordHead {
+    pub version: u64,
+    state: StateName,
+    pub lease_until_ms: u64,
+}
+
+/// `ClaimState`'s tag alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+enum StateName {
+    Claimed,
+    AwaitingApproval,
+    Reserved,
+    Finalized,
+}
+
+impl RecordHead {
+    pub fn is_finalized(&self) -> bool {
+        self.state == StateName::Finalized
+    }
+}
+
 impl ClaimRecord {
     /// A record for a slot that does not exist yet.
     pub fn open(
@@ -577,16 +603,21 @@ mod tests {
         assert_eq!(again, new);
     }
 
-    #[test]
-    fn attempts_count_what_may_have_left() {
-        let fresh = ClaimRecord::open(
+    /// A fresh claim with attempt 1 reserved until 5.
+    fn reserved() -> ClaimRecord {
+        ClaimRecord::open(
             pin(),
             holder(),
             Opening::Reserved { lease_until_ms: 5 },
             "rcp".into(),
             KeySource::Supplied,
             0,
-        );
+        )
+    }
+
+    #[test]
+    fn attempts_count_what_may_have_left() {
+        let fresh = reserved();
         assert_eq!((fresh.version, fresh.attempts), (1, 1));
         let retry = fresh.reserve_next(holder(), 9);
         assert_eq!((retry.version, retry.attempts), (2, 2));
@@ -637,5 +668,58 @@ mod tests {
             response: Ok(Value::Null),
         });
         assert_eq!(withdrawn.attempts, 1);
+    }
+
+    /// The head a transition reads says what the whole record says, in every state and in
+    /// the previous release's format.
+    #[test]
+    fn a_records_head_reads_what_the_whole_record_says() {
+        let fresh = reserved();
+        let finalized = fresh.finalize(StoredOutcome {
+            class: OutcomeClass::Accepted,
+            vendor_status: Some(200),
+            response: Ok(serde_json::json!({"content": [{"type": "text", "text": "ok"}]})),
+        });
+        let held = ClaimRecord::open(
+            pin(),
+            holder(),
+            Opening::Held(HeldFor {
+                approval_id: ApprovalId::mint(),
+                expires_at_ms: 1000,
+            }),
+            "rcp".into(),
+            KeySource::Minted,
+            0,
+        );
+        let mut bytes: Vec<Vec<u8>> = [
+            fresh.clone(),
+            fresh.release_unsent(7),
+            finalized.clone(),
+            finalized.reserve_next(holder(), 90),
+            held,
+        ]
+        .iter()
+        .map(|record| serde_json::to_vec(record).unwrap())
+        .collect();
+        bytes.push(
+            br#"{"version":3,"pin":{"request_hash":"ab","binding":"none","fingerprint":"f"},
+            "state":{"state":"reserved","attempt":2},"attempts":2,"lease_until_ms":10,
+            "receipt_id":"rcp_1","key_supplied":true,"created_at_ms":1}"#
+                .to_vec(),
+        );
+        for stored in bytes {
+            let whole: ClaimRecord = serde_json::from_slice(&stored).unwrap();
+            let head: RecordHead = serde_json::from_slice(&stored).unwrap();
+            assert_eq!(
+                (head.version, head.is_finalized(), head.lease_until_ms),
+                (
+                    whole.version,
+                    matches!(whole.state, ClaimState::Finalized { .. }),
+                    whole.lease_until_ms
+                ),
+                "{}",
+                String::from_utf8_lossy(&stored)
+            );
+        }
     }
 }

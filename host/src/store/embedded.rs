@@ -28,7 +28,9 @@ use tokio::sync::oneshot;
 
 use super::journal::Journal;
 
-use super::{Claim, ClaimKey, ClaimRecord, Receipt, Registry, RegistryWrite, StoreError};
+use super::{
+    Claim, ClaimKey, ClaimRecord, Receipt, RecordHead, Registry, RegistryWrite, StoreError,
+};
 use crate::approvals::{ApprovalId, Decided, Decision, Ticket, TicketStatus};
 
 const CLAIMS: TableDefinition<&str, &[u8]> = TableDefinition::new("claims");
@@ -1392,7 +1394,7 @@ fn apply<'a>(
                     let current = claims
                         .get(slot.as_str())
                         .map_err(failed)?
-                        .map(|bytes| serde_json::from_slice::<ClaimRecord>(bytes.value()));
+                        .map(|bytes| serde_json::from_slice::<RecordHead>(bytes.value()));
                     let current = match current {
                         None => {
                             results.push(Err(super::gone(slot)));
@@ -1413,7 +1415,7 @@ fn apply<'a>(
                         claims.insert(slot.as_str(), next.bytes()).map_err(failed)?;
                         // A finalized claim's retention counts from its last lease; a
                         // redispatch takes it out of the count until it is final again.
-                        if matches!(current.state, super::ClaimState::Finalized { .. }) {
+                        if current.is_finalized() {
                             expiry
                                 .remove(expiry_key(current.lease_until_ms, 'c', slot).as_str())
                                 .map_err(failed)?;

@@ -24,6 +24,7 @@ use crate::approvals::{ApprovalId, Decided, Decision, Ticket};
 use crate::clock::now_ms;
 use crate::idempotency::IdempotencyKey;
 
+pub(crate) use claim::RecordHead;
 pub use claim::{
     ApprovalBasis, Claim, ClaimRecord, ClaimState, HeldFor, Holder, Opening, OutcomeClass, Pin,
     PinnedBinding, StoredOutcome, destination_of,
