@@ -1543,8 +1543,8 @@ fn apply<'a>(
                         ..
                     } = &mut tables;
                     let audit = opened(audit, txn, AUDIT)?;
-                    // Numbered before anything is removed, so that a compaction removing the
-                    // newest audit record never lets its number be given again.
+                    // Read before anything is removed, as when every batch read it first: a
+                    // compaction does not change the numbers the batch's later receipts take.
                     audit_sequence(audit, next_audit)?;
                     let removed = compact(
                         *horizon_ms,
