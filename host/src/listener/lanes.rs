@@ -84,7 +84,7 @@ impl Lanes {
         let _ = joined.await;
     }
 
-    fn with(count: usize) -> std::io::Result<Lanes> {
+    pub(crate) fn with(count: usize) -> std::io::Result<Lanes> {
         let lanes = (0..count.max(1))
             .map(Lane::start)
             .collect::<std::io::Result<_>>()?;

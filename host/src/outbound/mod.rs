@@ -5,6 +5,7 @@
 //! cannot be set by the guest, credentials are added here and only here (marked sensitive),
 //! redirects are never followed, and the response body is capped while it streams in.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method};
@@ -12,6 +13,7 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, Method};
 use crate::catalog::{HOST_OWNED_HEADERS, Propagation};
 use crate::config::{BaseUrl, OutboundConfig, SecretRef, SecretSource};
 use crate::error::ObolError;
+use crate::listener::lanes;
 use crate::runtime::wit;
 
 /// A request that passed every check and carries everything the host adds.
@@ -185,10 +187,13 @@ pub enum AttemptOutcome {
     },
 }
 
-/// The HTTP client used for every vendor.
+/// The HTTP clients every vendor is reached with.
 #[derive(Debug, Clone)]
 pub struct Outbound {
-    client: reqwest::Client,
+    /// A client for each lane, then one for callers off the lanes. A pooled connection is
+    /// driven by the runtime that opened it: a call reusing a connection another lane opened
+    /// would hand its request and the reply across threads (ADR-0060).
+    clients: Arc<[reqwest::Client]>,
     max_response_bytes: usize,
 }
 
@@ -215,11 +220,23 @@ pub fn streaming_client(config: &OutboundConfig) -> anyhow::Result<reqwest::Clie
 
 impl Outbound {
     pub fn new(config: &OutboundConfig) -> anyhow::Result<Outbound> {
-        let client = egress(config).timeout(config.request_timeout).build()?;
+        Outbound::for_lanes(config, lanes::count())
+    }
+
+    fn for_lanes(config: &OutboundConfig, lanes: usize) -> anyhow::Result<Outbound> {
+        let clients = (0..=lanes)
+            .map(|_| egress(config).timeout(config.request_timeout).build())
+            .collect::<Result<_, _>>()?;
         Ok(Outbound {
-            client,
+            clients,
             max_response_bytes: config.max_response_bytes,
         })
+    }
+
+    /// The calling lane's client, whose pooled connections that lane drives.
+    fn client(&self) -> &reqwest::Client {
+        let own = lanes::current().map_or(0, |lane| lane + 1);
+        self.clients.get(own).unwrap_or(&self.clients[0])
     }
 
     pub fn max_response_bytes(&self) -> usize {
@@ -229,7 +246,7 @@ impl Outbound {
     /// Sends exactly one attempt.
     pub async fn send(&self, request: Prepared) -> AttemptOutcome {
         let mut builder = self
-            .client
+            .client()
             .request(request.method, request.url)
             .headers(request.headers);
         if let Some(body) = request.body {
@@ -283,6 +300,89 @@ impl Outbound {
 mod tests {
     use super::*;
     use crate::catalog::Propagation;
+    use crate::listener::lanes::Lanes;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::sync::{mpsc, oneshot};
+
+    /// A vendor on loopback that answers every request on a kept-alive connection and reports
+    /// the client port of the connection each request came on.
+    async fn vendor() -> (BaseUrl, mpsc::UnboundedReceiver<u16>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base =
+            BaseUrl::parse(&format!("http://{}/api", listener.local_addr().unwrap())).unwrap();
+        let (report, reported) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((mut socket, peer)) = listener.accept().await {
+                let report = report.clone();
+                tokio::spawn(async move {
+                    let mut pending = Vec::new();
+                    let mut buffer = [0u8; 4096];
+                    while let Ok(n @ 1..) = socket.read(&mut buffer).await {
+                        pending.extend_from_slice(&buffer[..n]);
+                        while let Some(end) = pending.windows(4).position(|w| w == b"\r\n\r\n") {
+                            pending.drain(..end + 4);
+                            let _ = report.send(peer.port());
+                            let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                            if socket.write_all(answer).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        (base, reported)
+    }
+
+    #[tokio::test]
+    async fn each_lane_reuses_the_vendor_connections_it_opened() {
+        let (base, mut ports) = vendor().await;
+        let config = OutboundConfig {
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(5),
+            max_response_bytes: 1 << 20,
+            upstream_list_timeout: Duration::from_secs(5),
+        };
+        let outbound = Outbound::for_lanes(&config, 2).unwrap();
+        let lanes = Lanes::with(2).unwrap();
+        // Two requests in turn on one lane, which the first connection holds; then two on
+        // the other lane, while the first lane's connection sits idle in a pool.
+        let mut holds = Vec::new();
+        for _ in 0..2 {
+            let (done, finished) = oneshot::channel();
+            let (hold, held) = oneshot::channel::<()>();
+            let (outbound, base) = (outbound.clone(), base.clone());
+            lanes.serve(async move {
+                for _ in 0..2 {
+                    let request = wit::OutboundRequest {
+                        method: wit::Method::Get,
+                        url: format!("{}/x", base.url().as_str().trim_end_matches('/')),
+                        headers: Vec::new(),
+                        body: None,
+                    };
+                    let prepared =
+                        Prepared::new(request, &base, &Propagation::None, None, None, None)
+                            .unwrap();
+                    let outcome = outbound.send(prepared).await;
+                    assert!(
+                        matches!(outcome, AttemptOutcome::Responded(_)),
+                        "{outcome:?}"
+                    );
+                }
+                let _ = done.send(());
+                let _ = held.await;
+            });
+            finished.await.unwrap();
+            holds.push(hold);
+        }
+        let ports: Vec<u16> = (0..4).map(|_| ports.try_recv().unwrap()).collect();
+        assert_eq!(ports[0], ports[1], "a lane opened a second connection");
+        assert_eq!(ports[2], ports[3], "a lane opened a second connection");
+        assert_ne!(
+            ports[0], ports[2],
+            "the second lane reused the connection the first lane opened and drives"
+        );
+    }
 
     fn template(url: &str, headers: &[(&str, &str)], body: Option<&str>) -> wit::OutboundRequest {
         wit::OutboundRequest {
