@@ -120,6 +120,28 @@ struct Writer {
     /// The thread each batch was journaled on, for the tests of who commits.
     #[cfg(test)]
     journaled_on: Vec<std::thread::ThreadId>,
+    /// Where the next batch panics, for the tests of the guards around applying and committing.
+    #[cfg(test)]
+    panic_at: Option<PanicAt>,
+}
+
+/// A step of a batch a test makes panic.
+#[cfg(test)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PanicAt {
+    /// After the batch is journaled, before it is applied.
+    Apply,
+    /// Inside the commit of the pending transaction.
+    Publish,
+}
+
+#[cfg(test)]
+impl Writer {
+    fn panic_if_at(&mut self, step: PanicAt) {
+        if self.panic_at.take_if(|at| *at == step).is_some() {
+            panic!("a panic the test injected at {step:?}");
+        }
+    }
 }
 
 /// An open redb transaction holding journaled writes: seen by no reader until committed.
@@ -1120,6 +1142,8 @@ impl Inner {
             // later commit of the pending transaction would mark it applied. Armed before, and
             // disarmed after, so that a panic while applying leaves the store refusing writes.
             writer.broken = Some("a journaled batch was not applied".into());
+            #[cfg(test)]
+            writer.panic_if_at(PanicAt::Apply);
             let pending = writer.pending(&self.db)?;
             pending.writes += writes.len();
             let results = apply(&pending.txn, writes.into_iter())
@@ -1163,6 +1187,8 @@ impl Inner {
             // Armed until the commit returns, as around an apply: a panic inside it would
             // otherwise let the next batch begin from a state without these writes.
             writer.broken = Some(UNFINISHED_COMMIT.into());
+            #[cfg(test)]
+            writer.panic_if_at(PanicAt::Publish);
             if let Err(error) = pending.txn.commit() {
                 // Journaled but not in redb: the outcome of what it held is unknown to this
                 // process (a restart would apply it, a checkpoint would drop it), so the
@@ -1284,6 +1310,8 @@ fn recover(db: &Database, path: &Path, applied: u64) -> Result<Writer, StoreErro
         pending: None,
         #[cfg(test)]
         journaled_on: Vec::new(),
+        #[cfg(test)]
+        panic_at: None,
     };
     for record in records {
         if record.sequence <= applied {
@@ -1827,6 +1855,63 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(5));
         let reopened = EmbeddedStore::open(&copy).unwrap();
         assert_eq!(audit(&reopened.inner.db), first);
+    }
+
+    /// A panic after a batch is journaled (before it is applied, or inside the commit of the
+    /// pending transaction) leaves the store refusing writes instead of going on from a state
+    /// that lacks what the journal holds; a restart applies the journal, so every write that
+    /// was journaled is there, the refused ones are not, and writes are taken again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_panic_in_a_commit_stops_writes_until_a_restart_recovers_the_journal() {
+        for step in [PanicAt::Apply, PanicAt::Publish] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("s.redb");
+            let store = EmbeddedStore::open(&path).unwrap();
+            let record = claimed("rcp_p");
+            let [before, during, refused, after] =
+                ["panic0001", "panic0002", "panic0003", "panic0004"].map(key);
+            store.claim(&before, &record).await.unwrap();
+            // Publish: the claim sits journaled and applied in the pending transaction, and the
+            // read that asks for it runs the commit that panics.
+            let doomed = match step {
+                PanicAt::Apply => during.clone(),
+                PanicAt::Publish => {
+                    store.claim(&during, &record).await.unwrap();
+                    refused.clone()
+                }
+            };
+            store.inner.writer.lock().unwrap().panic_at = Some(step);
+            let (panicking, doomed_record) = (store.clone(), record.clone());
+            let outcome = tokio::spawn(async move {
+                match step {
+                    PanicAt::Apply => panicking.claim(&doomed, &doomed_record).await.map(|_| ()),
+                    PanicAt::Publish => panicking.get(&doomed).await.map(|_| ()),
+                }
+            })
+            .await;
+            assert!(
+                outcome.as_ref().map_or(true, Result::is_err),
+                "{step:?}: the panicking batch was answered as done: {outcome:?}"
+            );
+            let error = store.claim(&refused, &record).await.unwrap_err();
+            assert!(
+                error.0.contains("restart the gateway"),
+                "{step:?}: {error:?}"
+            );
+            drop(store);
+            let reopened = EmbeddedStore::open(&path).unwrap();
+            assert_eq!(reopened.get(&before).await.unwrap(), Some(record.clone()));
+            assert_eq!(
+                reopened.get(&during).await.unwrap(),
+                Some(record.clone()),
+                "{step:?}: a journaled claim was lost"
+            );
+            assert_eq!(reopened.get(&refused).await.unwrap(), None, "{step:?}");
+            assert!(matches!(
+                reopened.claim(&after, &record).await,
+                Ok(Claim::Acquired)
+            ));
+        }
     }
 
     /// A store file whose journal went missing refuses to open rather than silently losing
