@@ -184,8 +184,8 @@ pub async fn retry_once(services: &Services, classified: Classified) -> Classifi
             };
         }
     }
-    let retried = Reserved { invocation, turn }
-        .send(services)
+    // Boxed: inline, the rare retry made every call's future an attempt larger (ADR-0061).
+    let retried = Box::pin(Reserved { invocation, turn }.send(services))
         .await
         .classify();
     match (turn, retried.seen, earlier) {
@@ -231,10 +231,13 @@ impl Classified {
     /// answered `upstream_unreachable`.
     pub async fn observed(self, services: &Services) -> Result<Observed, Answer> {
         match self.seen {
-            Seen::Nothing => Err(Unsent {
-                invocation: self.invocation,
-            }
-            .release(services)
+            // Boxed, as a path most calls do not take (ADR-0061).
+            Seen::Nothing => Err(Box::pin(
+                Unsent {
+                    invocation: self.invocation,
+                }
+                .release(services),
+            )
             .await),
             Seen::Observed(observation) => Ok(Observed {
                 invocation: self.invocation,

@@ -76,13 +76,15 @@ impl Planned {
         })
     }
 
+    /// The paths a first call does not take (an existing slot, a hold) are awaited boxed, so
+    /// this future stays the size of the path it does take (ADR-0061).
     pub async fn claim(self, services: &Services) -> Result<Claimed, Answer> {
         let store = &services.store;
         // A resume never creates a slot: a valid token whose call was never held cannot start
         // an execution of its own.
         if self.authorized.routed.parsed.grant.is_some() {
             return match store.get(&self.claim_key).await {
-                Ok(Some(existing)) => self.judge(services, existing).await,
+                Ok(Some(existing)) => Box::pin(self.judge(services, existing)).await,
                 Ok(None) => self.answered(ObolError::NotReady, None),
                 Err(error) => {
                     tracing::warn!("could not read a claim, nothing sent: {error}");
@@ -94,7 +96,7 @@ impl Planned {
         // slot; a new one needs room in its key's share of the inbox.
         if self.authorized.admission == Admission::NeedsApproval {
             match store.get(&self.claim_key).await {
-                Ok(Some(existing)) => return self.judge(services, existing).await,
+                Ok(Some(existing)) => return Box::pin(self.judge(services, existing)).await,
                 Ok(None) => {
                     if let Err(refusal) =
                         hold::room_for_another(services, &self.authorized.holder).await
@@ -139,9 +141,9 @@ impl Planned {
                     },
                     reservation: Reservation::Made,
                 }),
-                Admission::NeedsApproval => self.held(services, &fresh).await,
+                Admission::NeedsApproval => Box::pin(self.held(services, &fresh)).await,
             },
-            Ok(store::Claim::Existing(existing)) => self.judge(services, *existing).await,
+            Ok(store::Claim::Existing(existing)) => Box::pin(self.judge(services, *existing)).await,
         }
     }
 

@@ -288,6 +288,11 @@ pub enum RegistryWrite {
 }
 
 /// The configured backend.
+///
+/// Redis's futures are boxed where they are awaited: the `redis` crate's round trips make
+/// them kilobytes large, and inline, every caller's future (a call's claim, reserve and
+/// finalize phases) was that large on the embedded store too, and copied whole each time it
+/// moved (ADR-0061).
 #[derive(Debug, Clone)]
 pub enum Store {
     Embedded(EmbeddedStore),
@@ -302,7 +307,7 @@ impl Store {
     pub async fn claim(&self, key: &ClaimKey, record: &ClaimRecord) -> Result<Claim, StoreError> {
         match self {
             Store::Embedded(s) => s.claim(key, record).await,
-            Store::Redis(s) => s.claim(key, record).await,
+            Store::Redis(s) => Box::pin(s.claim(key, record)).await,
             #[cfg(feature = "test-util")]
             Store::Volatile(s) => s.claim(key, record).await,
         }
@@ -323,7 +328,7 @@ impl Store {
         }
         match self {
             Store::Embedded(s) => s.transition(key, expected, next, None).await,
-            Store::Redis(s) => s.transition(key, expected, next, None).await,
+            Store::Redis(s) => Box::pin(s.transition(key, expected, next, None)).await,
             #[cfg(feature = "test-util")]
             Store::Volatile(s) => s.transition(key, expected, next, None).await,
         }
@@ -346,7 +351,7 @@ impl Store {
         }
         match self {
             Store::Embedded(s) => s.transition(key, expected, next, Some(receipt)).await,
-            Store::Redis(s) => s.transition(key, expected, next, Some(receipt)).await,
+            Store::Redis(s) => Box::pin(s.transition(key, expected, next, Some(receipt))).await,
             #[cfg(feature = "test-util")]
             Store::Volatile(s) => s.transition(key, expected, next, Some(receipt)).await,
         }
@@ -358,7 +363,7 @@ impl Store {
     pub async fn capability_slots(&self) -> Result<Vec<ClaimKey>, StoreError> {
         let slots = match self {
             Store::Embedded(s) => s.slots_matching(CAPABILITY_PATTERN).await?,
-            Store::Redis(s) => s.slots_matching(CAPABILITY_PATTERN, Scan::All).await?,
+            Store::Redis(s) => Box::pin(s.slots_matching(CAPABILITY_PATTERN, Scan::All)).await?,
             #[cfg(feature = "test-util")]
             Store::Volatile(s) => s.slots_matching(CAPABILITY_PATTERN).await?,
         };
@@ -373,7 +378,9 @@ impl Store {
     pub async fn holds_claims(&self) -> Result<bool, StoreError> {
         match self {
             Store::Embedded(s) => s.holds_claims().await,
-            Store::Redis(s) => Ok(!s.slots_matching("*", Scan::First).await?.is_empty()),
+            Store::Redis(s) => Ok(!Box::pin(s.slots_matching("*", Scan::First))
+                .await?
+                .is_empty()),
             #[cfg(feature = "test-util")]
             Store::Volatile(s) => Ok(!s.slots_matching("*").await?.is_empty()),
         }
@@ -382,7 +389,7 @@ impl Store {
     pub async fn get(&self, key: &ClaimKey) -> Result<Option<ClaimRecord>, StoreError> {
         match self {
             Store::Embedded(s) => s.get(key).await,
-            Store::Redis(s) => s.get(key).await,
+            Store::Redis(s) => Box::pin(s.get(key)).await,
             #[cfg(feature = "test-util")]
             Store::Volatile(s) => s.get(key).await,
         }
@@ -397,7 +404,7 @@ impl Store {
     ) -> Result<Vec<(String, ClaimRecord)>, StoreError> {
         match self {
             Store::Embedded(s) => s.expired_leases(now_ms, limit).await,
-            Store::Redis(s) => s.expired_leases(now_ms, limit).await,
+            Store::Redis(s) => Box::pin(s.expired_leases(now_ms, limit)).await,
             #[cfg(feature = "test-util")]
             Store::Volatile(s) => s.expired_leases(now_ms, limit).await,
         }
@@ -418,7 +425,7 @@ impl Store {
     pub async fn receipt(&self, workspace: &str, id: &str) -> Result<Option<Receipt>, StoreError> {
         match self {
             Store::Embedded(s) => s.receipt(workspace, id).await,
-            Store::Redis(s) => s.receipt(workspace, id).await,
+            Store::Redis(s) => Box::pin(s.receipt(workspace, id)).await,
             #[cfg(feature = "test-util")]
             Store::Volatile(s) => s.receipt(workspace, id).await,
         }
@@ -432,7 +439,7 @@ impl Store {
     ) -> Result<Vec<Receipt>, StoreError> {
         match self {
             Store::Embedded(s) => s.receipts(workspace, limit).await,
-            Store::Redis(s) => s.receipts(workspace, limit).await,
+            Store::Redis(s) => Box::pin(s.receipts(workspace, limit)).await,
             #[cfg(feature = "test-util")]
             Store::Volatile(s) => s.receipts(workspace, limit).await,
         }
@@ -443,7 +450,7 @@ impl Store {
     pub async fn record_refusal(&self, receipt: &Receipt) -> Result<(), StoreError> {
         match self {
             Store::Embedded(s) => s.record_refusal(receipt).await,
-            Store::Redis(s) => s.record_refusal(receipt).await,
+            Store::Redis(s) => Box::pin(s.record_refusal(receipt)).await,
             #[cfg(feature = "test-util")]
             Store::Volatile(s) => s.record_refusal(receipt).await,
         }
@@ -454,7 +461,7 @@ impl Store {
     pub async fn put_ticket(&self, ticket: &Ticket) -> Result<(), StoreError> {
         match self {
             Store::Embedded(s) => s.put_ticket(ticket).await,
-            Store::Redis(s) => s.put_ticket(ticket).await,
+            Store::Redis(s) => Box::pin(s.put_ticket(ticket)).await,
             #[cfg(feature = "test-util")]
             Store::Volatile(s) => s.put_ticket(ticket).await,
         }
@@ -463,7 +470,7 @@ impl Store {
     pub async fn ticket(&self, id: &ApprovalId) -> Result<Option<Ticket>, StoreError> {
         match self {
             Store::Embedded(s) => s.ticket(id).await,
-            Store::Redis(s) => s.ticket(id).await,
+            Store::Redis(s) => Box::pin(s.ticket(id)).await,
             #[cfg(feature = "test-util")]
             Store::Volatile(s) => s.ticket(id).await,
         }
@@ -474,7 +481,7 @@ impl Store {
     pub async fn tickets(&self, workspace: &str, limit: usize) -> Result<Vec<Ticket>, StoreError> {
         match self {
             Store::Embedded(s) => s.tickets(workspace, limit).await,
-            Store::Redis(s) => s.tickets(workspace, limit).await,
+            Store::Redis(s) => Box::pin(s.tickets(workspace, limit)).await,
             #[cfg(feature = "test-util")]
             Store::Volatile(s) => s.tickets(workspace, limit).await,
         }
@@ -490,7 +497,7 @@ impl Store {
     ) -> Result<Decided, StoreError> {
         match self {
             Store::Embedded(s) => s.decide_ticket(id, decision, at_ms).await,
-            Store::Redis(s) => s.decide_ticket(id, decision, at_ms).await,
+            Store::Redis(s) => Box::pin(s.decide_ticket(id, decision, at_ms)).await,
             #[cfg(feature = "test-util")]
             Store::Volatile(s) => s.decide_ticket(id, decision, at_ms).await,
         }
@@ -510,8 +517,7 @@ impl Store {
                     .await
             }
             Store::Redis(s) => {
-                s.registry_write(registry, name, value, RegistryWrite::InsertOnly)
-                    .await
+                Box::pin(s.registry_write(registry, name, value, RegistryWrite::InsertOnly)).await
             }
             #[cfg(feature = "test-util")]
             Store::Volatile(s) => {
@@ -534,8 +540,7 @@ impl Store {
                     .await
             }
             Store::Redis(s) => {
-                s.registry_write(registry, name, value, RegistryWrite::Overwrite)
-                    .await
+                Box::pin(s.registry_write(registry, name, value, RegistryWrite::Overwrite)).await
             }
             #[cfg(feature = "test-util")]
             Store::Volatile(s) => {
@@ -553,7 +558,7 @@ impl Store {
     ) -> Result<std::collections::BTreeMap<String, String>, StoreError> {
         match self {
             Store::Embedded(s) => s.registry(registry).await,
-            Store::Redis(s) => s.registry(registry).await,
+            Store::Redis(s) => Box::pin(s.registry(registry)).await,
             #[cfg(feature = "test-util")]
             Store::Volatile(s) => s.registry(registry).await,
         }

@@ -246,7 +246,9 @@ pub async fn send(services: &Services, planned: &Planned) -> Outcome {
                 }
             }
         }
-        Request::Upstream(request) => upstream::send(services, request).await,
+        // Boxed: an MCP round trip's future is kilobytes large, and inline it made every
+        // component call's future that large too (ADR-0061).
+        Request::Upstream(request) => Box::pin(upstream::send(services, request)).await,
         Request::Gateway(request) => gateway::send(request),
     }
 }
