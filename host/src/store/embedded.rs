@@ -144,11 +144,29 @@ impl Writer {
     }
 }
 
+self_cell::self_cell!(
+    /// A redb transaction and the tables its batches opened in it. The tables stay open until
+    /// it commits: opening one costs about as much as a call's write to it, and a batch of one
+    /// write opened five (ADR-0062).
+    struct OpenTransaction {
+        owner: redb::WriteTransaction,
+        #[not_covariant]
+        dependent: Tables,
+    }
+);
+
 /// An open redb transaction holding journaled writes: seen by no reader until committed.
 struct Pending {
-    txn: redb::WriteTransaction,
+    txn: OpenTransaction,
     /// How many writes it holds, to bound the dirty pages it keeps in memory.
     writes: usize,
+}
+
+impl Pending {
+    /// Its transaction, the tables closed, to commit.
+    fn into_transaction(self) -> redb::WriteTransaction {
+        self.txn.into_owner()
+    }
 }
 
 impl Writer {
@@ -158,7 +176,10 @@ impl Writer {
             let mut txn = db.begin_write().map_err(failed)?;
             // Durable in the journal already; redb's own fsync waits for the checkpoint.
             txn.set_durability(Durability::None).map_err(failed)?;
-            self.pending = Some(Pending { txn, writes: 0 });
+            self.pending = Some(Pending {
+                txn: OpenTransaction::new(txn, |txn| Tables::of(txn)),
+                writes: 0,
+            });
         }
         Ok(self.pending.as_mut().expect("begun above"))
     }
@@ -987,7 +1008,8 @@ struct Tables<'t> {
     registry: Option<redb::Table<'t, &'static str, &'static str>>,
     leases: Option<redb::Table<'t, &'static str, u64>>,
     expiry: Option<redb::Table<'t, &'static str, ()>>,
-    /// The next audit record's sequence, read from the table when it is first written.
+    journal_state: Option<redb::Table<'t, &'static str, u64>>,
+    /// The next audit record's sequence, read from the table when a batch first writes one.
     next_audit: Option<u64>,
 }
 
@@ -1004,6 +1026,7 @@ impl<'t> Tables<'t> {
             registry: None,
             leases: None,
             expiry: None,
+            journal_state: None,
             next_audit: None,
         }
     }
@@ -1146,8 +1169,10 @@ impl Inner {
             writer.panic_if_at(PanicAt::Apply);
             let pending = writer.pending(&self.db)?;
             pending.writes += writes.len();
-            let results = apply(&pending.txn, writes.into_iter())
-                .and_then(|results| mark_applied(&pending.txn, sequence).map(|()| results));
+            let results = pending.txn.with_dependent_mut(|_, tables| {
+                apply(tables, writes.into_iter())
+                    .and_then(|results| mark_applied(tables, sequence).map(|()| results))
+            });
             match results {
                 Ok(results) => {
                     writer.broken = None;
@@ -1189,7 +1214,7 @@ impl Inner {
             writer.broken = Some(UNFINISHED_COMMIT.into());
             #[cfg(test)]
             writer.panic_if_at(PanicAt::Publish);
-            if let Err(error) = pending.txn.commit() {
+            if let Err(error) = pending.into_transaction().commit() {
                 // Journaled but not in redb: the outcome of what it held is unknown to this
                 // process (a restart would apply it, a checkpoint would drop it), so the
                 // store stops taking writes and its callers fail closed.
@@ -1231,7 +1256,7 @@ impl Drop for Inner {
             .unwrap_or_else(PoisonError::into_inner);
         if writer.broken.is_none()
             && let Some(pending) = writer.pending.take()
-            && let Err(error) = pending.txn.commit()
+            && let Err(error) = pending.into_transaction().commit()
         {
             tracing::error!("the store could not commit its last writes at close: {error}");
         }
@@ -1261,9 +1286,8 @@ fn journal_path(path: &Path) -> std::path::PathBuf {
     name.into()
 }
 
-fn mark_applied(txn: &redb::WriteTransaction, sequence: u64) -> Result<(), StoreError> {
-    txn.open_table(JOURNAL_STATE)
-        .map_err(failed)?
+fn mark_applied(tables: &mut Tables, sequence: u64) -> Result<(), StoreError> {
+    opened(&mut tables.journal_state, tables.txn, JOURNAL_STATE)?
         .insert("applied", sequence)
         .map_err(failed)?;
     Ok(())
@@ -1274,7 +1298,8 @@ fn checkpoint(db: &Database, writer: &mut Writer) -> Result<(), StoreError> {
     // Armed until the commit returns (see `Inner::publish`); a failure leaves it set.
     let before = writer.broken.replace(UNFINISHED_COMMIT.into());
     let txn = match writer.pending.take() {
-        Some(Pending { mut txn, .. }) => {
+        Some(pending) => {
+            let mut txn = pending.into_transaction();
             txn.set_durability(Durability::Immediate).map_err(failed)?;
             txn
         }
@@ -1338,8 +1363,11 @@ fn recover(db: &Database, path: &Path, applied: u64) -> Result<Writer, StoreErro
             .collect::<Result<Vec<_>, _>>()?;
         let mut txn = db.begin_write().map_err(failed)?;
         txn.set_durability(Durability::None).map_err(failed)?;
-        apply(&txn, writes.iter())?;
-        mark_applied(&txn, record.sequence)?;
+        {
+            let mut tables = Tables::of(&txn);
+            apply(&mut tables, writes.iter())?;
+            mark_applied(&mut tables, record.sequence)?;
+        }
         txn.commit().map_err(failed)?;
         writer.sequence = record.sequence;
     }
@@ -1432,12 +1460,15 @@ enum Applied {
 /// not decode, a version that does not step by one, a claim that is gone) fails alone; only a
 /// storage error fails the batch.
 fn apply<'a>(
-    txn: &redb::WriteTransaction,
+    tables: &mut Tables,
     batch: impl ExactSizeIterator<Item = &'a Journaled>,
 ) -> Result<Vec<Result<Applied, StoreError>>, StoreError> {
+    // Read again by each batch, as when every batch opened its tables: a replay after a
+    // crash, which applies each batch on its own, numbers the audit records alike.
+    tables.next_audit = None;
+    let txn = tables.txn;
     let mut results = Vec::with_capacity(batch.len());
     {
-        let mut tables = Tables::of(txn);
         for journaled in batch {
             match &journaled.write {
                 Write::Claim {
@@ -1520,13 +1551,13 @@ fn apply<'a>(
                         }
                         .map_err(failed)?;
                         if let Some(rendered) = receipt {
-                            write_receipt(&mut tables, rendered)?;
+                            write_receipt(tables, rendered)?;
                         }
                     }
                     results.push(Ok(Applied::Transition(matches)));
                 }
                 Write::Refusal { receipt } => {
-                    write_receipt(&mut tables, receipt)?;
+                    write_receipt(tables, receipt)?;
                     results.push(Ok(Applied::Transition(true)));
                 }
                 Write::PutTicket { ticket } => {
@@ -1535,7 +1566,7 @@ fn apply<'a>(
                         ticket_index,
                         expiry,
                         ..
-                    } = &mut tables;
+                    } = tables;
                     let tickets = opened(tickets, txn, TICKETS)?;
                     if tickets.get(ticket.id.as_str()).map_err(failed)?.is_none() {
                         let bytes = serde_json::to_vec(ticket).map_err(failed)?;
@@ -1569,7 +1600,7 @@ fn apply<'a>(
                         expiry,
                         next_audit,
                         ..
-                    } = &mut tables;
+                    } = tables;
                     let audit = opened(audit, txn, AUDIT)?;
                     // Read before anything is removed, as when every batch read it first: a
                     // compaction does not change the numbers the batch's later receipts take.
