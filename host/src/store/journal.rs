@@ -12,22 +12,63 @@
 //! `len u32 | crc32 u32 | generation u64 | sequence u64 | payload`, the CRC over the
 //! generation, sequence and payload. Reading stops at the first record that is torn, of
 //! another generation, or out of sequence: that record was never acknowledged.
+//!
+//! Appends bypass the page cache where the filesystem allows (ADR-0063): the file is also
+//! opened `O_DIRECT | O_DSYNC`, and each append is one write of whole 4 KiB blocks, from the
+//! block holding the previous record's end (kept in memory) to the new end, zero-padded,
+//! which returns once it is durable. On the reference machine that is ~20 µs sooner and
+//! ~35 % less CPU than a buffered write and `fdatasync` of the same bytes. A filesystem that
+//! refuses `O_DIRECT` (tmpfs) gets the buffered write and `fdatasync`.
 
 use std::fs::{File, OpenOptions};
-use std::os::unix::fs::FileExt;
+use std::io::IoSlice;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 
 const MAGIC: &[u8; 8] = b"OBOLJNL1";
 const HEADER: u64 = 4096;
 const RECORD_HEAD: usize = 4 + 4 + 8 + 8;
+/// The unit of a direct write: offsets, lengths and memory aligned to it.
+const BLOCK: usize = 4096;
+/// Blocks per `pwritev` (the kernel takes at most `IOV_MAX`, 1024, buffers per call).
+const BLOCKS_PER_WRITE: usize = 512;
 
 /// One journal file, written by the group commit's leader only.
 pub struct Journal {
     file: File,
+    writes: Writes,
     generation: u64,
     /// Where the next record goes.
     end: u64,
     capacity: u64,
+}
+
+/// How an append reaches the disk.
+enum Writes {
+    /// One aligned write through an `O_DIRECT | O_DSYNC` handle, durable when it returns.
+    Direct {
+        file: File,
+        /// The bytes from the block boundary at or before `end` up to `end`: a record that
+        /// starts mid-block rewrites that block whole.
+        tail: Vec<u8>,
+        /// The aligned buffer a write is assembled in, kept between appends.
+        blocks: Vec<Block>,
+    },
+    /// A buffered write, then `fdatasync`.
+    Buffered,
+}
+
+/// A block of memory aligned as `O_DIRECT` requires, so no `unsafe` cast is needed to hand
+/// the kernel a run of them.
+#[derive(Clone, Copy)]
+#[repr(C, align(4096))]
+struct Block([u8; BLOCK]);
+
+const EINVAL: i32 = rustix::io::Errno::INVAL.raw_os_error();
+
+/// The first block boundary at or before `offset`.
+fn block_start(offset: u64) -> u64 {
+    offset - offset % BLOCK as u64
 }
 
 /// A record read back on open.
@@ -63,7 +104,11 @@ impl Journal {
                 "not an Obol journal, or its header is damaged",
             ));
         };
-        let capacity = capacity.max(length).max(HEADER * 2);
+        // Whole blocks, so a direct write's zero padding never reaches past the end of the file.
+        let capacity = capacity
+            .max(length)
+            .max(HEADER * 2)
+            .next_multiple_of(BLOCK as u64);
         if length < capacity {
             let zeros = vec![0u8; 1 << 20];
             let mut at = length;
@@ -80,14 +125,25 @@ impl Journal {
         }
         let mut journal = Journal {
             file,
+            writes: Writes::Buffered,
             generation,
             end: HEADER,
             capacity,
         };
         let records = journal.read_generation()?;
+        journal.writes = Writes::open(path, &journal.file, journal.end)?;
         if generation == 0 {
             journal.begin(1)?;
         }
+        Ok((journal, records))
+    }
+
+    /// Opens the journal with appends buffered and `fdatasync`ed, as on a filesystem without
+    /// `O_DIRECT`.
+    #[cfg(test)]
+    fn open_buffered(path: &Path, capacity: u64) -> std::io::Result<(Journal, Vec<Record>)> {
+        let (mut journal, records) = Journal::open(path, capacity)?;
+        journal.writes = Writes::Buffered;
         Ok((journal, records))
     }
 
@@ -154,10 +210,44 @@ impl Journal {
         record.extend_from_slice(payload);
         let crc = crc32fast::hash(&record[8..]);
         record[4..8].copy_from_slice(&crc.to_le_bytes());
-        self.file.write_all_at(&record, self.end)?;
-        self.file.sync_data()?;
+        self.write_durably(self.end, &record)?;
         self.end += length;
         Ok(())
+    }
+
+    /// Writes `bytes` at `at` (the end, or the header's block) and returns once they are on
+    /// disk.
+    fn write_durably(&mut self, at: u64, bytes: &[u8]) -> std::io::Result<()> {
+        if let Writes::Direct { file, tail, blocks } = &mut self.writes {
+            // What is kept is the start of the end's block; the header starts its own.
+            let prefix = if at == self.end {
+                std::mem::take(tail)
+            } else {
+                Vec::new()
+            };
+            match write_direct(file, blocks, at - prefix.len() as u64, &prefix, bytes) {
+                Ok(kept) => {
+                    *tail = kept;
+                    return Ok(());
+                }
+                // A device whose blocks are larger than ours refuses the alignment: from now
+                // on, the buffered way (nothing was written).
+                Err(error) if error.raw_os_error() == Some(EINVAL) => {
+                    tracing::warn!(
+                        "the store's journal cannot bypass the page cache here: {error}"
+                    );
+                    self.writes = Writes::Buffered;
+                }
+                Err(error) => {
+                    if at == self.end {
+                        *tail = prefix;
+                    }
+                    return Err(error);
+                }
+            }
+        }
+        self.file.write_all_at(bytes, at)?;
+        self.file.sync_data()
     }
 
     /// Whether a record of `payload` bytes fits after the last one.
@@ -182,25 +272,202 @@ impl Journal {
         header[8..16].copy_from_slice(&generation.to_le_bytes());
         let crc = crc32fast::hash(&header[8..16]);
         header[16..20].copy_from_slice(&crc.to_le_bytes());
-        self.file.write_all_at(&header, 0)?;
-        self.file.sync_data()?;
+        // Written directly, the header's block is rewritten whole: the rest of it is zeros, as
+        // preallocated.
+        self.write_durably(0, &header)?;
         self.generation = generation;
         self.end = HEADER;
+        if let Writes::Direct { tail, .. } = &mut self.writes {
+            tail.clear();
+        }
         Ok(())
     }
+}
+
+impl Writes {
+    /// The direct handle, when the filesystem takes one, with the start of `end`'s block.
+    fn open(path: &Path, file: &File, end: u64) -> std::io::Result<Writes> {
+        let flags = rustix::fs::OFlags::DIRECT | rustix::fs::OFlags::DSYNC;
+        let direct = match OpenOptions::new()
+            .write(true)
+            .custom_flags(flags.bits() as i32)
+            .open(path)
+        {
+            Ok(direct) => direct,
+            // tmpfs, and other filesystems without direct I/O.
+            Err(error) if error.raw_os_error() == Some(EINVAL) => return Ok(Writes::Buffered),
+            Err(error) => return Err(error),
+        };
+        let mut tail = vec![0u8; (end - block_start(end)) as usize];
+        file.read_exact_at(&mut tail, block_start(end))?;
+        Ok(Writes::Direct {
+            file: direct,
+            tail,
+            blocks: Vec::new(),
+        })
+    }
+}
+
+/// Writes `prefix` then `bytes` from the block boundary `start`, zero-padded to whole blocks,
+/// through the direct handle. Returns what the last block holds (the next write's prefix).
+fn write_direct(
+    file: &File,
+    blocks: &mut Vec<Block>,
+    start: u64,
+    prefix: &[u8],
+    bytes: &[u8],
+) -> std::io::Result<Vec<u8>> {
+    debug_assert_eq!(start % BLOCK as u64, 0, "a direct write starts on a block");
+    let filled = prefix.len() + bytes.len();
+    blocks.clear();
+    blocks.resize(filled.div_ceil(BLOCK), Block([0; BLOCK]));
+    let mut at = 0;
+    for mut part in [prefix, bytes] {
+        while !part.is_empty() {
+            let (block, offset) = (at / BLOCK, at % BLOCK);
+            let n = part.len().min(BLOCK - offset);
+            blocks[block].0[offset..offset + n].copy_from_slice(&part[..n]);
+            part = &part[n..];
+            at += n;
+        }
+    }
+    let mut offset = start;
+    let mut rest = blocks.as_slice();
+    while !rest.is_empty() {
+        let slices: Vec<IoSlice<'_>> = rest[..rest.len().min(BLOCKS_PER_WRITE)]
+            .iter()
+            .map(|block| IoSlice::new(&block.0))
+            .collect();
+        let written = rustix::io::pwritev(file, &slices, offset)?;
+        if written == 0 || written % BLOCK != 0 {
+            return Err(std::io::Error::other(
+                "a direct journal write stopped mid-block",
+            ));
+        }
+        rest = &rest[written / BLOCK..];
+        offset += written as u64;
+    }
+    let kept = filled % BLOCK;
+    Ok(blocks
+        .last()
+        .map_or(Vec::new(), |block| block.0[..kept].to_vec()))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     const SIZE: u64 = 64 << 10;
 
+    type Open = fn(&Path, u64) -> std::io::Result<(Journal, Vec<Record>)>;
+
+    /// Every test runs with appends written directly (where the filesystem allows) and
+    /// buffered.
+    const BOTH: [Open; 2] = [Journal::open, Journal::open_buffered];
+
+    fn read_back(records: &[Record]) -> Vec<(u64, Vec<u8>)> {
+        records
+            .iter()
+            .map(|r| (r.sequence, r.payload.clone()))
+            .collect()
+    }
+
+    /// Whether the filesystem under `dir` takes `O_DIRECT`, asked without the journal.
+    fn takes_direct_io(dir: &Path) -> bool {
+        let probe = dir.join("probe");
+        std::fs::write(&probe, [0u8; BLOCK]).unwrap();
+        OpenOptions::new()
+            .write(true)
+            .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)
+            .open(&probe)
+            .is_ok()
+    }
+
+    #[test]
+    fn appends_bypass_the_page_cache_where_the_filesystem_allows() {
+        let dir = tempfile::tempdir().unwrap();
+        let (journal, _) = Journal::open(&dir.path().join("j"), SIZE).unwrap();
+        assert_eq!(
+            matches!(journal.writes, Writes::Direct { .. }),
+            takes_direct_io(dir.path())
+        );
+    }
+
+    /// What a journal is asked to do; `Reopen` is a restart of the process.
+    #[derive(Debug, Clone)]
+    enum Step {
+        Append(usize),
+        Checkpoint,
+        Reopen,
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            6 => prop_oneof![0usize..100, 100usize..5000, 4070usize..4100].prop_map(Step::Append),
+            1 => Just(Step::Checkpoint),
+            1 => Just(Step::Reopen),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+
+        /// Records of any size, written directly or buffered, across checkpoints and restarts,
+        /// read back as a list kept beside them says they should.
+        #[test]
+        fn what_was_appended_since_the_last_restart_reads_back(
+            steps in proptest::collection::vec(step(), 1..24),
+        ) {
+            for open in BOTH {
+                let dir = tempfile::tempdir().unwrap();
+                let path = dir.path().join("j");
+                let (mut journal, _) = open(&path, 256 << 10).unwrap();
+                let mut expected: Vec<(u64, Vec<u8>)> = Vec::new();
+                let mut sequence = 0;
+                for step in &steps {
+                    match step {
+                        Step::Append(size) => {
+                            sequence += 1;
+                            let payload: Vec<u8> =
+                                (0..*size).map(|i| (i as u64 * 31 + sequence) as u8).collect();
+                            if !journal.fits(payload.len()) {
+                                journal.restart().unwrap();
+                                expected.clear();
+                            }
+                            journal.append(sequence, &payload).unwrap();
+                            expected.push((sequence, payload));
+                        }
+                        Step::Checkpoint => {
+                            journal.restart().unwrap();
+                            expected.clear();
+                        }
+                        Step::Reopen => {
+                            drop(journal);
+                            let (reopened, records) = open(&path, 256 << 10).unwrap();
+                            prop_assert_eq!(read_back(&records), expected.clone());
+                            journal = reopened;
+                        }
+                    }
+                }
+                drop(journal);
+                let (_, records) = Journal::open(&path, 256 << 10).unwrap();
+                prop_assert_eq!(read_back(&records), expected);
+            }
+        }
+    }
+
     #[test]
     fn records_read_back_in_order_until_a_torn_one() {
+        for open in BOTH {
+            records_read_back_in_order_until_a_torn_one_with(open);
+        }
+    }
+
+    fn records_read_back_in_order_until_a_torn_one_with(open: Open) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("j");
-        let (mut journal, records) = Journal::open(&path, SIZE).unwrap();
+        let (mut journal, records) = open(&path, SIZE).unwrap();
         assert!(records.is_empty());
         journal.append(1, b"one").unwrap();
         journal.append(2, b"two").unwrap();
@@ -221,15 +488,21 @@ mod tests {
 
     #[test]
     fn a_restart_forgets_the_old_generation_and_appends_after_it_continue() {
+        for open in BOTH {
+            a_restart_forgets_the_old_generation_with(open);
+        }
+    }
+
+    fn a_restart_forgets_the_old_generation_with(open: Open) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("j");
-        let (mut journal, _) = Journal::open(&path, SIZE).unwrap();
+        let (mut journal, _) = open(&path, SIZE).unwrap();
         journal.append(1, b"old, long record").unwrap();
         journal.append(2, b"old").unwrap();
         journal.restart().unwrap();
         journal.append(3, b"new").unwrap();
         drop(journal);
-        let (mut journal, records) = Journal::open(&path, SIZE).unwrap();
+        let (mut journal, records) = open(&path, SIZE).unwrap();
         assert_eq!(records.len(), 1);
         assert_eq!(
             (records[0].sequence, &records[0].payload[..]),
@@ -259,9 +532,11 @@ mod tests {
 
     #[test]
     fn a_record_larger_than_the_file_is_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let (mut journal, _) = Journal::open(&dir.path().join("j"), SIZE).unwrap();
-        assert!(journal.append(1, &vec![7u8; SIZE as usize]).is_err());
-        journal.append(1, b"fits").unwrap();
+        for open in BOTH {
+            let dir = tempfile::tempdir().unwrap();
+            let (mut journal, _) = open(&dir.path().join("j"), SIZE).unwrap();
+            assert!(journal.append(1, &vec![7u8; SIZE as usize]).is_err());
+            journal.append(1, b"fits").unwrap();
+        }
     }
 }
