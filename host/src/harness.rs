@@ -96,12 +96,17 @@ async fn answer(runtime: &Runtime, connector: &Connector, request: Request) -> R
                 .prepare(&connector.guest, name, &tool, arguments.to_string(), facts)
                 .await
             {
-                Ok(prepared) => Reply::Prepared(prepared.map(request_view).map_err(|e| match e {
-                    wit::PrepareError::InvalidArguments(why) => {
-                        protocol::PrepareError::InvalidArguments(why)
-                    }
-                    wit::PrepareError::UnknownTool => protocol::PrepareError::UnknownTool,
-                })),
+                // Each harness request stands alone: a kept instance is let go.
+                Ok(prepared) => {
+                    Reply::Prepared(prepared.map(|(request, _)| request_view(request)).map_err(
+                        |e| match e {
+                            wit::PrepareError::InvalidArguments(why) => {
+                                protocol::PrepareError::InvalidArguments(why)
+                            }
+                            wit::PrepareError::UnknownTool => protocol::PrepareError::UnknownTool,
+                        },
+                    ))
+                }
                 Err(failure) => failed(failure),
             }
         }
@@ -124,7 +129,7 @@ async fn answer(runtime: &Runtime, connector: &Connector, request: Request) -> R
                 body,
             };
             match runtime
-                .interpret(&connector.guest, name, &tool, response)
+                .interpret(&connector.guest, name, &tool, response, None)
                 .await
             {
                 Ok(Ok(output)) => {

@@ -9,9 +9,11 @@
 //! it declares (the WASI interfaces Rust's standard library links against) is defined as a trap,
 //! so a guest has no network, filesystem, environment, clock or randomness to reach for.
 //!
-//! Each call runs in a fresh `Store` instantiated from a pre-linked [`InstancePre`]: no state
-//! survives between calls, a memory cap bounds every instance, and an epoch deadline stops a
-//! guest that does not return.
+//! Each tool call runs in a fresh `Store` instantiated from a pre-linked [`InstancePre`]: no
+//! state survives between tool calls, a memory cap bounds every instance, and an epoch
+//! deadline stops a guest that does not return. A call's `interpret` runs in the instance its
+//! `prepare` ran in while the pool has room to keep it across the vendor's reply ([`Warm`],
+//! ADR-0064); otherwise in a fresh one.
 //!
 //! Guest calls run inline on the calling task (ADR-0049): no thread hand-off per call. A guest
 //! yields to the executor at every epoch tick, so one that spins shares its worker with the
@@ -27,7 +29,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
-use tokio::sync::Semaphore;
+use std::sync::atomic::AtomicU64;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{
     Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, ResourceLimiter, Store,
@@ -282,10 +285,33 @@ pub struct Runtime {
     linker: Linker<GuestState>,
     cache: Option<CompileCache>,
     limits: RuntimeConfig,
-    slots: Semaphore,
+    slots: Arc<Semaphore>,
+    /// Free slots below which a prepared instance is not kept for its `interpret`: kept ones
+    /// wait on vendors, and the guests that run meanwhile need slots of their own.
+    keep_while_free: usize,
     /// Compiled components alive (`Guest`s): what hot swaps must not pile up.
     alive: Arc<AtomicUsize>,
+    /// Instances made for calls, since start.
+    instances: AtomicU64,
     ticker: EpochTicker,
+}
+
+/// The instance a call's `prepare` ran in, kept (with its pool slot) for the same call's
+/// `interpret`: one instantiation and one slot reset a call instead of two (ADR-0064).
+pub struct Warm {
+    store: Store<GuestState>,
+    instance: Instance,
+    /// The component it is an instance of: `interpret` takes it only for the same one.
+    digest: String,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl std::fmt::Debug for Warm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Warm")
+            .field("digest", &self.digest)
+            .finish()
+    }
 }
 
 impl std::fmt::Debug for Runtime {
@@ -346,8 +372,10 @@ impl Runtime {
             engine,
             linker,
             cache,
-            slots: Semaphore::new(instances as usize),
+            slots: Arc::new(Semaphore::new(instances as usize)),
+            keep_while_free: (instances as usize).div_ceil(4),
             alive: Arc::default(),
+            instances: AtomicU64::new(0),
             limits,
         })
     }
@@ -360,6 +388,12 @@ impl Runtime {
     /// a replaced one until its last call ends.
     pub fn components_in_memory(&self) -> usize {
         self.alive.load(Ordering::Relaxed)
+    }
+
+    /// How many instances calls have made since start: one a component call when its
+    /// `prepare`'s instance is kept for its `interpret`, two when not.
+    pub fn instances_made(&self) -> u64 {
+        self.instances.load(Ordering::Relaxed)
     }
 
     /// Compiles (or loads from the cache) and links a component, and asks it for its manifest.
@@ -404,7 +438,8 @@ impl Runtime {
         Ok((guest, manifest))
     }
 
-    /// Runs `prepare` inline on the caller's task.
+    /// Runs `prepare` inline on the caller's task. A request comes with the instance it was
+    /// prepared in, kept for the call's `interpret` while the pool has room for it.
     pub async fn prepare(
         &self,
         guest: &Guest,
@@ -412,29 +447,59 @@ impl Runtime {
         tool: &str,
         arguments: String,
         facts: wit::ConnectionFacts,
-    ) -> Result<Result<wit::OutboundRequest, wit::PrepareError>, GuestFailure> {
-        let _slot = self.slot().await?;
+    ) -> Result<Result<(wit::OutboundRequest, Option<Warm>), wit::PrepareError>, GuestFailure> {
+        let slot = self.slot().await?;
         let (mut store, instance) = self.instantiate(guest, connector).await?;
-        let outcome = match instance {
+        let outcome = match &instance {
             Instance::Current(c) => c.call_prepare(&mut store, tool, &arguments, &facts).await,
             Instance::V0_1(c) => c
                 .call_prepare(&mut store, tool, &arguments, &legacy::facts(&facts))
                 .await
                 .map(legacy::prepared),
         };
-        outcome.map_err(|error| self.classify_failure(&store, &error))
+        let prepared = outcome.map_err(|error| self.classify_failure(&store, &error))?;
+        // Checked after `prepare`: under a burst, the slots other calls took meanwhile count.
+        let keep = self.slots.available_permits() >= self.keep_while_free;
+        Ok(prepared.map(|request| {
+            let warm = keep.then(|| Warm {
+                store,
+                instance,
+                digest: guest.digest.clone(),
+                _slot: slot,
+            });
+            (request, warm)
+        }))
     }
 
-    /// Runs `interpret` inline on the caller's task.
+    /// Runs `interpret` inline on the caller's task, in the instance `prepare` kept when
+    /// there is one (of this component), else in a fresh one.
     pub async fn interpret(
         &self,
         guest: &Guest,
         connector: &str,
         tool: &str,
         response: wit::VendorResponse,
+        warm: Option<Warm>,
     ) -> Result<Result<wit::ToolOutput, wit::InterpretError>, GuestFailure> {
-        let _slot = self.slot().await?;
-        let (mut store, instance) = self.instantiate(guest, connector).await?;
+        let (mut store, instance, _slot) = match warm {
+            Some(warm) if warm.digest == guest.digest => {
+                let Warm {
+                    mut store,
+                    instance,
+                    _slot,
+                    ..
+                } = warm;
+                // A deadline and a log budget of its own, as a fresh instance has.
+                self.arm(&mut store);
+                store.data_mut().log_lines = 0;
+                (store, instance, _slot)
+            }
+            _ => {
+                let slot = self.slot().await?;
+                let (store, instance) = self.instantiate(guest, connector).await?;
+                (store, instance, slot)
+            }
+        };
         let outcome = match instance {
             Instance::Current(c) => c.call_interpret(&mut store, tool, &response).await,
             Instance::V0_1(c) => c
@@ -445,30 +510,50 @@ impl Runtime {
         outcome.map_err(|error| self.classify_failure(&store, &error))
     }
 
-    /// Waits for one of the pool's instance slots, at most one deadline: every holder frees
-    /// its slot within that, so a longer wait means the gateway is overloaded, and the caller
-    /// gets a retryable answer instead of queueing without bound behind guests spinning to
-    /// their deadline.
-    async fn slot(&self) -> Result<tokio::sync::SemaphorePermit<'_>, GuestFailure> {
-        if let Ok(permit) = self.slots.try_acquire() {
+    /// Waits for one of the pool's instance slots, at most one deadline. A slot is held for
+    /// a guest call, or for a kept instance while its call waits on the vendor, which only
+    /// happens while a quarter of the pool is free: a longer wait means the gateway is
+    /// overloaded, and the caller gets a retryable answer instead of queueing without bound
+    /// behind guests spinning to their deadline.
+    async fn slot(&self) -> Result<OwnedSemaphorePermit, GuestFailure> {
+        if let Ok(permit) = Arc::clone(&self.slots).try_acquire_owned() {
             return Ok(permit);
         }
-        tokio::time::timeout(self.limits.call_deadline, self.slots.acquire())
-            .await
-            .ok()
-            .and_then(Result::ok)
-            .ok_or(GuestFailure::Busy(self.limits.max_concurrent_calls))
+        tokio::time::timeout(
+            self.limits.call_deadline,
+            Arc::clone(&self.slots).acquire_owned(),
+        )
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .ok_or(GuestFailure::Busy(self.limits.max_concurrent_calls))
     }
 
-    /// A fresh store and instance for one call. The deadline counts from here; at every epoch
-    /// tick before it the guest yields to the executor, at the first tick past it the guest
-    /// traps.
+    /// A fresh store and instance for one call. The deadline counts from here.
     async fn instantiate(
         &self,
         guest: &Guest,
         connector: &str,
     ) -> Result<(Store<GuestState>, Instance), GuestFailure> {
         let mut store = self.store(connector.into());
+        self.arm(&mut store);
+        self.instances.fetch_add(1, Ordering::Relaxed);
+        let instance = match &guest.pre {
+            Pre::Current(pre) => pre
+                .instantiate_async(&mut store)
+                .await
+                .map(Instance::Current),
+            Pre::V0_1(pre) => pre.instantiate_async(&mut store).await.map(Instance::V0_1),
+        };
+        match instance {
+            Ok(instance) => Ok((store, instance)),
+            Err(error) => Err(self.classify_failure(&store, &error)),
+        }
+    }
+
+    /// Starts a guest call's deadline: at every epoch tick before it the guest yields to the
+    /// executor, at the first tick past it the guest traps.
+    fn arm(&self, store: &mut Store<GuestState>) {
         let deadline = Instant::now() + self.limits.call_deadline;
         store.set_epoch_deadline(1);
         store.epoch_deadline_callback(move |_| {
@@ -482,17 +567,6 @@ impl Runtime {
                 UpdateDeadline::YieldCustom(1, Box::pin(tokio::task::yield_now()))
             })
         });
-        let instance = match &guest.pre {
-            Pre::Current(pre) => pre
-                .instantiate_async(&mut store)
-                .await
-                .map(Instance::Current),
-            Pre::V0_1(pre) => pre.instantiate_async(&mut store).await.map(Instance::V0_1),
-        };
-        match instance {
-            Ok(instance) => Ok((store, instance)),
-            Err(error) => Err(self.classify_failure(&store, &error)),
-        }
     }
 
     /// Runs `body` synchronously on this thread (loading only: no request waits on it).

@@ -29,7 +29,7 @@ pub struct Rendered {
 impl Observed {
     pub async fn render(self, services: &Services) -> Rendered {
         let Observed {
-            invocation,
+            mut invocation,
             observation,
             withdrawal,
         } = self;
@@ -56,8 +56,9 @@ impl Observed {
                 let status = reply.status();
                 let upstream = matches!(reply, dispatch::Reply::Upstream(_));
                 broker_record = dispatch::broker_record(invocation.plan.route(), &reply);
+                let warm = invocation.plan.warm.take();
                 let rendered =
-                    dispatch::render(services, invocation.plan.route(), class, reply).await;
+                    dispatch::render(services, invocation.plan.route(), class, reply, warm).await;
                 let observed = match (&rendered, outcome_class(class)) {
                     (Ok(_), OutcomeClass::Accepted | OutcomeClass::DefinitelyRejected) => {
                         Verification::Verified

@@ -130,8 +130,9 @@ pub use serde_json;
 
 /// A connector: a stateless translator between MCP calls and one vendor's HTTP API.
 ///
-/// The functions take no `self`: the host may run every call in a fresh instance, so
-/// nothing survives between calls. Match on the tool name and return
+/// The functions take no `self`: the host runs every tool call in a fresh instance, so
+/// nothing survives between calls. One call's `interpret` may run in the instance its
+/// `prepare` ran in, or in a fresh one: it must not rely on either. Match on the tool name and return
 /// `Err(PrepareError::UnknownTool)` / `Err(InterpretError::UnknownTool)` for any other.
 pub trait Connector {
     /// Describes the connector. Called once, when the host loads the component.

@@ -12,7 +12,7 @@ use crate::error::ObolError;
 use crate::idempotency::IdempotencyKey;
 use crate::invoke::Services;
 use crate::outbound::{AttemptOutcome, Prepared, VendorReply};
-use crate::runtime::{GuestFailure, wit};
+use crate::runtime::{GuestFailure, Warm, wit};
 
 use super::failpoint;
 
@@ -20,13 +20,14 @@ use super::failpoint;
 pub type Request = Prepared;
 
 /// Lets the guest build the request template, then checks it against the connection and
-/// completes it. Returns the request and its pinned facts (`METHOD ORIGIN UPSTREAM_TOOL`).
+/// completes it. Returns the request, its pinned facts (`METHOD ORIGIN UPSTREAM_TOOL`) and
+/// the instance that prepared it when the runtime kept it for the call's `interpret`.
 pub async fn prepare(
     services: &Services,
     route: &Route,
     arguments: &Value,
     idempotency_key: &IdempotencyKey,
-) -> Result<(Request, String), ObolError> {
+) -> Result<(Request, String, Option<Warm>), ObolError> {
     let connector = connector(route)?;
     let ConnectionKind::Component {
         base_url,
@@ -44,7 +45,7 @@ pub async fn prepare(
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
     };
-    let template = services
+    let (template, warm) = services
         .runtime
         .prepare(
             &connector.guest,
@@ -83,7 +84,7 @@ pub async fn prepare(
         prepared.origin(),
         route.name.upstream()
     );
-    Ok((prepared, facts))
+    Ok((prepared, facts, warm))
 }
 
 /// Sends one attempt through the outbound hop.
@@ -99,12 +100,14 @@ pub async fn send(services: &Services, request: &Request) -> AttemptOutcome {
     outcome
 }
 
-/// Runs `interpret` and checks its output. The class was decided before, by the host.
+/// Runs `interpret` (in `warm` when `prepare` kept its instance) and checks its output. The
+/// class was decided before, by the host.
 pub async fn render(
     services: &Services,
     route: &Route,
     class: StatusClass,
     reply: VendorReply,
+    warm: Option<Warm>,
 ) -> Result<Value, ObolError> {
     let connector = connector(route)?;
     let output = services
@@ -118,6 +121,7 @@ pub async fn render(
                 headers: reply.headers,
                 body: reply.body,
             },
+            warm,
         )
         .await
         .map_err(|failure| guest_failed(services, route, failure))?
@@ -201,4 +205,119 @@ pub fn parsed_output(limit: usize, output: &wit::ToolOutput) -> Result<Option<Va
             })
         })
         .transpose()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::runtime::{Guest, Runtime, RuntimeConfig, Warm, wit};
+
+    const CHARGES: &str = r#"{"object":"list","has_more":false,"data":[{"id":"ch_1","amount":1000,"currency":"usd","status":"succeeded"}]}"#;
+
+    fn runtime(slots: u32, deadline: Duration) -> (Runtime, Guest) {
+        let runtime = Runtime::new(RuntimeConfig {
+            max_concurrent_calls: slots,
+            call_deadline: deadline,
+            ..Default::default()
+        })
+        .unwrap();
+        let (guest, _) = runtime
+            .load(include_bytes!(env!("OBOL_GUEST_PAYMENTS")))
+            .unwrap();
+        (runtime, guest)
+    }
+
+    async fn prepare(runtime: &Runtime, guest: &Guest) -> Option<Warm> {
+        let facts = wit::ConnectionFacts {
+            base_url: "http://127.0.0.1:4242".into(),
+            settings: Vec::new(),
+        };
+        let (request, warm) = runtime
+            .prepare(
+                guest,
+                "stripe",
+                "charges.list",
+                r#"{"limit":1}"#.into(),
+                facts,
+            )
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(request.url, "http://127.0.0.1:4242/v1/charges?limit=1");
+        warm
+    }
+
+    async fn interpret(runtime: &Runtime, guest: &Guest, warm: Option<Warm>) -> wit::ToolOutput {
+        let response = wit::VendorResponse {
+            status: 200,
+            headers: Vec::new(),
+            body: CHARGES.as_bytes().to_vec(),
+        };
+        runtime
+            .interpret(guest, "stripe", "charges.list", response, warm)
+            .await
+            .unwrap()
+            .unwrap()
+    }
+
+    fn text(output: &wit::ToolOutput) -> &str {
+        match &output.content[0] {
+            wit::Content::Text(text) => text,
+            wit::Content::Image(_) => panic!("an image"),
+        }
+    }
+
+    /// One instantiation a call instead of two (ADR-0064), and the output is the same as a
+    /// fresh instance's.
+    #[tokio::test]
+    async fn a_calls_interpret_runs_in_the_instance_its_prepare_ran_in() {
+        let (runtime, guest) = runtime(8, Duration::from_secs(2));
+        let warm = prepare(&runtime, &guest).await;
+        assert!(warm.is_some(), "an idle pool keeps the prepared instance");
+        let kept = interpret(&runtime, &guest, warm).await;
+        assert_eq!(runtime.instances_made(), 1);
+        let fresh = interpret(&runtime, &guest, None).await;
+        assert_eq!(runtime.instances_made(), 2);
+        assert_eq!(text(&kept), text(&fresh));
+        assert!(text(&kept).starts_with("1 charge(s)"), "{}", text(&kept));
+    }
+
+    /// Kept instances wait on vendors; they never take the last quarter of the pool, so a
+    /// guest call never waits for a slot behind calls that are only waiting on vendors.
+    #[tokio::test]
+    async fn instances_are_kept_only_while_a_quarter_of_the_pool_is_free() {
+        let (runtime, guest) = runtime(4, Duration::from_secs(2));
+        let mut kept = Vec::new();
+        for _ in 0..3 {
+            kept.push(prepare(&runtime, &guest).await.expect("kept"));
+        }
+        // One slot left: the next call prepares in it, and lets it go for others.
+        assert!(prepare(&runtime, &guest).await.is_none());
+        let started = std::time::Instant::now();
+        assert!(prepare(&runtime, &guest).await.is_none());
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "waited for a slot"
+        );
+        let output = interpret(&runtime, &guest, None).await;
+        assert!(text(&output).starts_with("1 charge(s)"));
+        for warm in kept {
+            interpret(&runtime, &guest, Some(warm)).await;
+        }
+        assert!(prepare(&runtime, &guest).await.is_some(), "slots came back");
+    }
+
+    /// A kept instance's `interpret` gets a deadline of its own: the vendor's time is not the
+    /// guest's.
+    #[tokio::test]
+    async fn a_kept_instance_gets_a_fresh_deadline_for_its_interpret() {
+        let (runtime, guest) = runtime(8, Duration::from_millis(100));
+        let warm = prepare(&runtime, &guest).await;
+        assert!(warm.is_some());
+        // A vendor slower than the guest's deadline.
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let output = interpret(&runtime, &guest, warm).await;
+        assert!(text(&output).starts_with("1 charge(s)"));
+    }
 }

@@ -27,6 +27,7 @@ use crate::error::ObolError;
 use crate::idempotency::RequestHash;
 use crate::outbound::{AttemptOutcome, VendorReply};
 use crate::policy::VirtualKey;
+use crate::runtime::Warm;
 use crate::store::{ClaimKey, ConnectionSegment, Pin};
 
 /// A request ready to be sent, one variant per connector kind.
@@ -101,6 +102,9 @@ pub struct Planned {
     pub request: Request,
     pub pin: Pin,
     pub claim_key: ClaimKey,
+    /// The instance a component's `prepare` ran in, when the runtime kept it for the call's
+    /// `interpret` (ADR-0064). Dropped, with its pool slot, when the call ends another way.
+    pub warm: Option<Warm>,
 }
 
 impl Planned {
@@ -125,11 +129,12 @@ pub async fn prepare(
     authorized: Authorized,
 ) -> Result<Planned, Answer> {
     match plan(services, catalog, key, &authorized).await {
-        Ok((request, pin, claim_key)) => Ok(Planned {
+        Ok((request, pin, claim_key, warm)) => Ok(Planned {
             authorized,
             request,
             pin,
             claim_key,
+            warm,
         }),
         Err(error) => Err(authorized.routed.parsed.refuse(error)),
     }
@@ -140,28 +145,28 @@ async fn plan(
     catalog: &Catalog,
     key: &VirtualKey,
     authorized: &Authorized,
-) -> Result<(Request, Pin, ClaimKey), ObolError> {
+) -> Result<(Request, Pin, ClaimKey, Option<Warm>), ObolError> {
     let routed = &authorized.routed;
     let route = &routed.route;
     let arguments = Value::Object(routed.parsed.arguments.clone());
     let idempotency_key = &routed.parsed.idempotency_key;
-    let (request, destination, version) = match &route.served_by {
+    let (request, destination, version, warm) = match &route.served_by {
         ServedBy::Component { connector, .. } => {
-            let (request, facts) =
+            let (request, facts, warm) =
                 component::prepare(services, route, &arguments, idempotency_key).await?;
             let destination = format!("{} {facts}", connector.manifest.name);
             let version = Some(connector.manifest.version.as_str());
-            (Request::Component(request), destination, version)
+            (Request::Component(request), destination, version, warm)
         }
         ServedBy::Upstream { id, .. } => {
             let (request, facts) =
                 upstream::prepare(route, id, &routed.parsed.arguments, idempotency_key)?;
-            (Request::Upstream(request), facts, None)
+            (Request::Upstream(request), facts, None, None)
         }
         ServedBy::Gateway(_) => {
             let (request, facts) =
                 gateway::prepare(services, catalog, key, route, &routed.parsed.arguments)?;
-            (Request::Gateway(request), facts, None)
+            (Request::Gateway(request), facts, None, None)
         }
         // Resolved to a provider before authorization; never sent as itself.
         ServedBy::Capability { .. } => return Err(ObolError::Internal),
@@ -218,7 +223,7 @@ async fn plan(
         tool: tool.to_owned(),
         key: idempotency_key.clone(),
     };
-    Ok((request, pin, claim_key))
+    Ok((request, pin, claim_key, warm))
 }
 
 /// Sends one attempt and classifies what the host saw.
@@ -283,9 +288,10 @@ pub async fn render(
     route: &Route,
     class: StatusClass,
     reply: Reply,
+    warm: Option<Warm>,
 ) -> Result<Value, ObolError> {
     match reply {
-        Reply::Vendor(reply) => component::render(services, route, class, reply).await,
+        Reply::Vendor(reply) => component::render(services, route, class, reply, warm).await,
         Reply::Upstream(answer) => upstream::render(services, route, class, answer),
         Reply::Gateway(answer) => gateway::render(route, class, answer),
     }
