@@ -58,7 +58,13 @@ fn main() {
     // Relative to this package, not absolute: cargo's fingerprints do not depend on the
     // checkout's path, so two checkouts sharing a target directory would otherwise each watch
     // the other's sources and keep stale guests.
-    for watched in ["wit", "sdk/obol-sdk", "connectors", "Cargo.lock"] {
+    for watched in [
+        "wit",
+        "sdk/obol-sdk",
+        "connectors",
+        "Cargo.toml",
+        "Cargo.lock",
+    ] {
         println!("cargo:rerun-if-changed=../{watched}");
     }
     println!("cargo:rerun-if-changed=build.rs");

@@ -571,21 +571,31 @@ fn listing_over_1000_tools() {
 
 async fn guest_alone() {
     let runtime = bench_runtime();
-    let (guest, _) = runtime.load(PAYMENTS).unwrap();
-    let guest = Arc::new(guest);
+    // `OBOL_BENCH_GUEST_BASELINE=/path/to/component.wasm` measures another build of the
+    // connector beside the bundled one, round by round in the same process.
+    let baseline = std::env::var_os("OBOL_BENCH_GUEST_BASELINE")
+        .map(|path| std::fs::read(&path).unwrap_or_else(|e| panic!("{path:?}: {e}")));
+    let mut guests = vec![("bundled", PAYMENTS.to_vec())];
+    guests.extend(baseline.map(|bytes| ("baseline", bytes)));
+    let guests: Vec<_> = guests
+        .into_iter()
+        .map(|(label, bytes)| (label, Arc::new(runtime.load(&bytes).unwrap().0)))
+        .collect();
     let facts = wit::ConnectionFacts {
         base_url: "http://127.0.0.1:9".into(),
         settings: vec![],
     };
     // As a call runs it (the prepared instance kept for `interpret`, ADR-0064) and with a
     // fresh instance for each, interleaved.
-    let (mut kept, mut fresh) = (Vec::new(), Vec::new());
-    for round in 0..6000 {
-        let keep = round % 2 == 0;
+    let mut timings = vec![(Vec::new(), Vec::new()); guests.len()];
+    for round in 0..6000 * guests.len() {
+        let keep = (round / guests.len()) % 2 == 0;
+        let which = round % guests.len();
+        let guest = &guests[which].1;
         let started = Instant::now();
         let (request, warm) = runtime
             .prepare(
-                &guest,
+                guest,
                 "stripe",
                 "charges.list",
                 r#"{"limit":2}"#.into(),
@@ -597,7 +607,7 @@ async fn guest_alone() {
         std::hint::black_box(request);
         let output = runtime
             .interpret(
-                &guest,
+                guest,
                 "stripe",
                 "charges.list",
                 wit::VendorResponse {
@@ -611,24 +621,28 @@ async fn guest_alone() {
             .unwrap()
             .unwrap();
         std::hint::black_box(output);
+        let (kept, fresh) = &mut timings[which];
         match keep {
             true => kept.push(started.elapsed()),
             false => fresh.push(started.elapsed()),
         }
     }
-    let (f50, f99) = percentiles(&mut fresh);
-    let (p50, p99) = percentiles(&mut kept);
     println!("guest work: instantiate + prepare + interpret, inline on the calling task");
-    println!(
-        "  two instances (one each): p50 {} p99 {}",
-        us(f50),
-        us(f99)
-    );
-    println!(
-        "  one instance (prepare's, kept): p50 {} p99 {}   (target: p50 <= 50 us)\n",
-        us(p50),
-        us(p99)
-    );
+    for ((label, _), (kept, fresh)) in guests.iter().zip(&mut timings) {
+        let (f50, f99) = percentiles(fresh);
+        let (p50, p99) = percentiles(kept);
+        println!(
+            "  {label}: two instances (one each): p50 {} p99 {}",
+            us(f50),
+            us(f99)
+        );
+        println!(
+            "  {label}: one instance (prepare's, kept): p50 {} p99 {}   (target: p50 <= 50 us)",
+            us(p50),
+            us(p99)
+        );
+    }
+    println!();
 }
 
 async fn end_to_end(redis: &Redis) {
