@@ -22,6 +22,13 @@ async fn error_type(client: &McpClient, tool: &str) -> (i32, String, String) {
     (code, kind.unwrap_or_default(), message)
 }
 
+/// A guest's load from past its memory traps; it never reads a byte from outside.
+async fn stray_read_traps(client: &McpClient) {
+    let (code, kind, message) = error_type(client, "hostile.stray").await;
+    assert_eq!((code, kind.as_str()), (-32019, "component_failed"));
+    assert!(message.contains("out of bounds memory access"), "{message}");
+}
+
 /// An infinite loop is stopped by the epoch deadline (500 ms in the test config), answered
 /// within `within`.
 async fn spin_is_stopped(client: &McpClient, within: Duration) {
@@ -71,6 +78,10 @@ async fn hostile_components_are_stopped_and_the_gateway_keeps_serving() {
     assert!(message.contains("memory limit"), "{message}");
     still_serving(&client).await;
 
+    // A read outside its memory traps on the guard pages.
+    stray_read_traps(&client).await;
+    still_serving(&client).await;
+
     // A request to a foreign origin is refused before anything is sent.
     let before = vendor.seen().len();
     let (code, kind, _) = error_type(&client, "hostile.foreign").await;
@@ -101,6 +112,30 @@ async fn hostile_components_are_stopped_and_the_gateway_keeps_serving() {
         (-32019, "upstream_response_too_large")
     );
     vendor.on("/echo", Reply::json(200, json!({"ok": true})));
+    still_serving(&client).await;
+    client.close().await;
+}
+
+/// A host that limits address space (64 GiB here, below the ~4 GiB each of the pool's 128
+/// memories reserves for guard pages) still serves guests, bounds-checked, and a guest that
+/// reaches past its memory's cap still traps.
+#[tokio::test]
+async fn under_an_address_space_limit_guests_run_bounds_checked_and_contained() {
+    let vendor = MockVendor::start().await;
+    let mut config = GatewayConfig::new(&vendor.base_url());
+    config.address_space = Some(64 << 30);
+    let gateway = GatewayProcess::start(&config);
+    assert!(
+        gateway.log().contains("bounds-checked instead"),
+        "{}",
+        gateway.log()
+    );
+    let client = McpClient::connect(&gateway.url, TOKEN).await;
+    still_serving(&client).await;
+    let (code, kind, message) = error_type(&client, "hostile.bomb").await;
+    assert_eq!((code, kind.as_str()), (-32019, "component_failed"));
+    assert!(message.contains("memory limit"), "{message}");
+    stray_read_traps(&client).await;
     still_serving(&client).await;
     client.close().await;
 }

@@ -73,6 +73,8 @@ pub struct GatewayConfig {
     pub server: String,
     /// The gateway's open-file limit (`prlimit --nofile`), for tests that run it out.
     pub open_files: Option<u64>,
+    /// The gateway's address-space limit in bytes (`prlimit --as`).
+    pub address_space: Option<u64>,
     /// More settings of workspace `acme` (e.g. `upstream_failure`), one per line.
     pub acme_settings: String,
     /// More connections of workspace `acme` (TOML `[[workspaces.connections]]` tables).
@@ -106,6 +108,7 @@ impl GatewayConfig {
             owner: None,
             server: String::new(),
             open_files: None,
+            address_space: None,
             acme_settings: String::new(),
             acme_connections: String::new(),
         }
@@ -303,16 +306,24 @@ impl GatewayProcess {
             std::process::id() as u64 * 1000
                 + LOGS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         ));
-        let mut command = match config.open_files {
-            Some(limit) => {
+        // Resource limits go through util-linux's `prlimit`, which execs the gateway with them.
+        let limits: Vec<String> = [
+            config.open_files.map(|n| format!("--nofile={n}:{n}")),
+            config.address_space.map(|n| format!("--as={n}:{n}")),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        let mut command = match limits.is_empty() {
+            true => Command::new(env!("CARGO_BIN_EXE_obol")),
+            false => {
                 let mut prlimit = Command::new("prlimit");
                 prlimit
-                    .arg(format!("--nofile={limit}:{limit}"))
+                    .args(&limits)
                     .arg("--")
                     .arg(env!("CARGO_BIN_EXE_obol"));
                 prlimit
             }
-            None => Command::new(env!("CARGO_BIN_EXE_obol")),
         };
         let mut child = command
             .arg("serve")

@@ -279,6 +279,63 @@ fn resets_in_place() -> bool {
     no_swap && wasmtime::PoolingAllocationConfig::is_pagemap_scan_available()
 }
 
+/// How a guest's loads and stores are kept inside its linear memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemoryGuard {
+    /// Each pooled memory reserves the 4 GiB a 32-bit index can reach, plus guard pages: an
+    /// access outside the memory faults and traps, and the compiled code checks nothing.
+    /// About 4 GiB of address space (not memory) per pooled memory: `max_concurrent_calls`
+    /// × 2 of them.
+    GuardPages,
+    /// Each pooled memory reserves only the memory cap, and compiled code checks the bounds
+    /// of every access (guests run ~10 % slower): where the host limits address space.
+    BoundsChecks,
+}
+
+/// Address space a pooled memory reserves beyond its cap under [`MemoryGuard::BoundsChecks`].
+const BOUNDS_CHECKED_GUARD: u64 = 64 << 10;
+
+/// The engine, its instance pool sized for `max_concurrent_calls` (the pool's address space
+/// is reserved here, so a host that refuses it fails here).
+fn engine(limits: &RuntimeConfig, guard: MemoryGuard) -> anyhow::Result<Engine> {
+    let mut pool = PoolingAllocationConfig::default();
+    // Each in-flight guest call holds one instance; the semaphore in `Runtime` never lets
+    // more calls in than the pool has slots.
+    let instances = limits.max_concurrent_calls.max(1);
+    pool.total_component_instances(instances)
+        .total_core_instances(instances * 4)
+        .total_memories(instances * 2)
+        .total_tables(instances * 4)
+        // A guest call runs on a fiber whose stack comes from the pool.
+        .total_stacks(instances)
+        .max_memory_size(limits.memory_limit_bytes);
+    if resets_in_place() {
+        // Resetting a slot with `madvise` flushed every core's TLB after each call (IPIs
+        // were 13 % of the gateway's CPU at c=32). With PAGEMAP_SCAN only the pages a
+        // guest dirtied are zeroed with memset (one ioctl, no page-table change) while
+        // they are under these sizes; a larger working set (a memory bomb) is zeroed up
+        // to the size and decommitted beyond it.
+        pool.pagemap_scan(wasmtime::Enabled::Yes)
+            .linear_memory_keep_resident(KEEP_RESIDENT_MEMORY)
+            .table_keep_resident(KEEP_RESIDENT_TABLE);
+    }
+    let mut config = Config::new();
+    config
+        .wasm_component_model(true)
+        .epoch_interruption(true)
+        .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    match guard {
+        // wasmtime's defaults: a 4 GiB reservation (or the cap, if larger) and its guards.
+        MemoryGuard::GuardPages => {
+            config.memory_reservation((4u64 << 30).max(limits.memory_limit_bytes as u64))
+        }
+        MemoryGuard::BoundsChecks => config
+            .memory_reservation(limits.memory_limit_bytes as u64)
+            .memory_guard_size(BOUNDS_CHECKED_GUARD),
+    };
+    Engine::new(&config).map_err(|e| anyhow::anyhow!("{e:#}"))
+}
+
 /// The engine and everything shared by all components.
 pub struct Runtime {
     engine: Engine,
@@ -293,6 +350,7 @@ pub struct Runtime {
     alive: Arc<AtomicUsize>,
     /// Instances made for calls, since start.
     instances: AtomicU64,
+    memory_guard: MemoryGuard,
     ticker: EpochTicker,
 }
 
@@ -324,37 +382,19 @@ impl std::fmt::Debug for Runtime {
 
 impl Runtime {
     pub fn new(limits: RuntimeConfig) -> anyhow::Result<Runtime> {
-        let mut pool = PoolingAllocationConfig::default();
-        // Each in-flight guest call holds one instance; the semaphore below never lets more
-        // calls in than the pool has slots.
         let instances = limits.max_concurrent_calls.max(1);
-        pool.total_component_instances(instances)
-            .total_core_instances(instances * 4)
-            .total_memories(instances * 2)
-            .total_tables(instances * 4)
-            // A guest call runs on a fiber whose stack comes from the pool.
-            .total_stacks(instances)
-            .max_memory_size(limits.memory_limit_bytes);
-        if resets_in_place() {
-            // Resetting a slot with `madvise` flushed every core's TLB after each call (IPIs
-            // were 13 % of the gateway's CPU at c=32). With PAGEMAP_SCAN only the pages a
-            // guest dirtied are zeroed with memset (one ioctl, no page-table change) while
-            // they are under these sizes; a larger working set (a memory bomb) is zeroed up
-            // to the size and decommitted beyond it.
-            pool.pagemap_scan(wasmtime::Enabled::Yes)
-                .linear_memory_keep_resident(KEEP_RESIDENT_MEMORY)
-                .table_keep_resident(KEEP_RESIDENT_TABLE);
-        }
-        let mut config = Config::new();
-        // Each pooled memory slot reserves `memory_reservation` of address space (4 GiB by
-        // default, times every slot); the memory cap is the most a guest may ever use.
-        config
-            .wasm_component_model(true)
-            .epoch_interruption(true)
-            .memory_reservation(limits.memory_limit_bytes as u64)
-            .memory_guard_size(64 << 10)
-            .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
-        let engine = Engine::new(&config).map_err(|e| anyhow::anyhow!("{e}"))?;
+        // Guard pages first; a host that refuses their address space gets bounds checks.
+        let (engine, memory_guard) = match engine(&limits, MemoryGuard::GuardPages) {
+            Ok(engine) => (engine, MemoryGuard::GuardPages),
+            Err(refused) => {
+                tracing::warn!(
+                    "the host refused 4 GiB of address space per guest memory ({refused}); \
+                     guest memory accesses are bounds-checked instead, which makes guests slower"
+                );
+                let engine = engine(&limits, MemoryGuard::BoundsChecks)?;
+                (engine, MemoryGuard::BoundsChecks)
+            }
+        };
         let mut linker = Linker::new(&engine);
         wit::obol::connector::log::add_to_linker::<GuestState, HasSelf<GuestState>>(
             &mut linker,
@@ -376,12 +416,18 @@ impl Runtime {
             keep_while_free: (instances as usize).div_ceil(4),
             alive: Arc::default(),
             instances: AtomicU64::new(0),
+            memory_guard,
             limits,
         })
     }
 
     pub fn limits(&self) -> &RuntimeConfig {
         &self.limits
+    }
+
+    /// How guests' memory accesses are contained on this host.
+    pub fn memory_guard(&self) -> MemoryGuard {
+        self.memory_guard
     }
 
     /// How many compiled component versions are in memory: every one a snapshot serves, and
@@ -723,5 +769,12 @@ mod tests {
         );
         let other = LoadError::Contract("a type mismatch".into());
         assert!(!other.to_string().contains("export!"), "{other}");
+    }
+
+    /// Where the host grants the address space, guests' code carries no bounds checks.
+    #[test]
+    fn an_unlimited_host_contains_guests_with_guard_pages() {
+        let runtime = Runtime::new(RuntimeConfig::default()).unwrap();
+        assert_eq!(runtime.memory_guard(), MemoryGuard::GuardPages);
     }
 }

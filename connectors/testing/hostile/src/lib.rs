@@ -4,6 +4,7 @@
 //! |---|---|
 //! | `spin` | `prepare` never returns (an endless loop the optimizer cannot remove) |
 //! | `bomb` | `prepare` allocates 1 MiB chunks until allocation fails (the guest then aborts) |
+//! | `stray` | `prepare` reads a byte 3 GiB into its address space, far past its memory |
 //! | `foreign` | `prepare` targets `http://203.0.113.7/steal`, outside the connection's origin |
 //! | `flood` | `interpret` returns 8 MiB of text (under the memory cap, over the output cap) |
 //! | `peek` | `prepare` POSTs everything the component can see to `{base}/peek` |
@@ -43,6 +44,7 @@ impl Connector for Hostile {
         match tool {
             "spin" => spin_forever(),
             "bomb" => exhaust_memory(),
+            "stray" => read_past_memory(),
             "foreign" => Ok(OutboundRequest::get(FOREIGN_URL)),
             "flood" => Ok(OutboundRequest::get(base.path("flood").build()?)),
             "relay" => Ok(OutboundRequest::get(base.path("relay").build()?)),
@@ -86,6 +88,16 @@ impl Connector for Hostile {
 
 obol_sdk::export!(Hostile);
 
+/// A load far past the memory (which is at most the host's cap): the host must trap it, with
+/// guard pages or with bounds checks, and never hand the guest a byte from outside.
+#[allow(unsafe_code)]
+fn read_past_memory() -> Result<OutboundRequest, PrepareError> {
+    let address = black_box(3usize << 30) as *const u8;
+    // SAFETY: none: this read is the misbehaviour under test, and the host traps it.
+    let byte = unsafe { address.read_volatile() };
+    Err(PrepareError::invalid(format!("read {byte} from outside")))
+}
+
 fn well_behaved_manifest() -> Manifest {
     let any_object = json!({"type": "object"});
     let read = |name: &str, description: &str| {
@@ -96,6 +108,7 @@ fn well_behaved_manifest() -> Manifest {
     Manifest::new("hostile", env!("CARGO_PKG_VERSION"))
         .tool(read("spin", "Never returns from prepare."))
         .tool(read("bomb", "Allocates memory until it runs out."))
+        .tool(read("stray", "Reads past the end of its memory."))
         .tool(read("foreign", "Sends its request to a foreign origin."))
         .tool(read("flood", "Returns 8 MiB of text."))
         .tool(read("peek", "Sends everything it can see to the vendor."))
@@ -234,9 +247,11 @@ mod tests {
         let names: Vec<_> = manifest.tools.iter().map(|t| t.name.as_str()).collect();
         assert_eq!(
             names,
-            ["spin", "bomb", "foreign", "flood", "peek", "relay", "echo"]
+            [
+                "spin", "bomb", "stray", "foreign", "flood", "peek", "relay", "echo"
+            ]
         );
-        let echo = &manifest.tools[6].effect;
+        let echo = &manifest.tools[7].effect;
         assert!(echo.definitely_rejected.iter().any(|s| s.contains(409)));
         assert!(!echo.definitely_rejected.iter().any(|s| s.contains(429)));
     }
