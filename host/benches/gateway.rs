@@ -301,7 +301,7 @@ async fn store_alone(redis: &Redis) {
             let done = record.finalize(StoredOutcome {
                 class: OutcomeClass::Accepted,
                 vendor_status: Some(200),
-                response: Ok(json!({"content": []})),
+                response: Ok(obol::store::ResultJson::of(&json!({"content": []}))),
             });
             let receipt = Receipt {
                 id: record.receipt_id.clone(),

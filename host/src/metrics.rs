@@ -16,11 +16,11 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Metric, Registry};
-use serde_json::Value;
 
 use crate::catalog::Catalog;
 use crate::error::ObolError;
 use crate::runtime::GuestFailure;
+use crate::store::OutcomeClass;
 
 /// The JSON-RPC methods that get a label of their own.
 #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
@@ -135,6 +135,17 @@ pub enum Reload {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct MethodLabels {
     method: RpcMethod,
+}
+
+/// Where a tool call's result came from.
+#[derive(Debug, Clone, Copy)]
+pub enum ResultSource {
+    /// This call's own outcome, just recorded.
+    Recorded(OutcomeClass),
+    /// The recorded outcome of an earlier call with the same key.
+    Replayed(OutcomeClass),
+    /// Made by the gateway, not by a vendor's answer (arguments refused as a tool error).
+    Gateway,
 }
 
 /// A tool call as the metrics (and the call's trace span) name it: nothing a client chose.
@@ -328,7 +339,7 @@ impl Metrics {
         catalog: &Catalog,
         workspace: &str,
         name: Option<&str>,
-        result: &Result<Value, ObolError>,
+        result: Result<ResultSource, &ObolError>,
     ) -> CallLabels {
         let (connection, tool) = name
             .and_then(|name| catalog.route(workspace, name))
@@ -337,16 +348,19 @@ impl Metrics {
                 |route| (route.connection.id.clone(), route.name.as_str().to_owned()),
             );
         let outcome = match result {
-            Ok(value) => {
-                let obol = &value["_meta"]["obol"];
-                if obol["replayed"] == Value::Bool(true) {
-                    self.found(Found::replayed);
-                }
-                match obol["outcome"].as_str() {
-                    Some("accepted") => "accepted",
-                    Some("definitely_rejected") => "definitely_rejected",
-                    Some("unknown") => "unknown",
-                    _ => "result",
+            Ok(source) => {
+                let class = match source {
+                    ResultSource::Recorded(class) => class,
+                    ResultSource::Replayed(class) => {
+                        self.found(Found::replayed);
+                        class
+                    }
+                    ResultSource::Gateway => return self.count(connection, tool, "result"),
+                };
+                match class {
+                    OutcomeClass::Accepted => "accepted",
+                    OutcomeClass::DefinitelyRejected => "definitely_rejected",
+                    OutcomeClass::Unknown => "unknown",
                 }
             }
             Err(error) => {
@@ -361,6 +375,10 @@ impl Metrics {
                 error.wire().kind.unwrap_or("error")
             }
         };
+        self.count(connection, tool, outcome)
+    }
+
+    fn count(&self, connection: String, tool: String, outcome: &'static str) -> CallLabels {
         let labels = CallLabels {
             connection,
             tool,
@@ -451,8 +469,8 @@ mod tests {
     fn approvals_are_counted_by_state_and_expiry_too() {
         let metrics = Metrics::default();
         let catalog = crate::catalog::Catalog::default();
-        metrics.tool_call(&catalog, "acme", None, &Err(ObolError::ApprovalExpired));
-        metrics.tool_call(&catalog, "acme", None, &Err(ObolError::ApprovalExpired));
+        metrics.tool_call(&catalog, "acme", None, Err(&ObolError::ApprovalExpired));
+        metrics.tool_call(&catalog, "acme", None, Err(&ObolError::ApprovalExpired));
         metrics.approval(ApprovalState::approved);
         let text = metrics.render(&[], 0);
         assert!(

@@ -10,11 +10,13 @@
 use super::authorize::Admission;
 use super::dispatch::Planned;
 use super::settle::{self, Settlement};
-use super::{Answer, ClaimIdentity, Services, hold, receipt};
+use super::{Answer, ClaimIdentity, ResultSource, Services, ToolResult, hold, receipt};
 use crate::approvals::{self, ApprovalId, Decision};
 use crate::clock::now_ms;
 use crate::error::ObolError;
-use crate::store::{self, ClaimRecord, ClaimState, HeldFor, OutcomeClass, StoredOutcome};
+use crate::store::{
+    self, ClaimRecord, ClaimState, HeldFor, OutcomeClass, ResultJson, StoredOutcome,
+};
 
 /// A claimed slot and the per-call state the rest of the lifecycle carries.
 #[derive(Debug)]
@@ -344,13 +346,16 @@ impl Planned {
 }
 
 /// The stored answer of a finished call, marked as a replay.
-fn replay(outcome: &StoredOutcome, record: &ClaimRecord) -> Result<serde_json::Value, ObolError> {
+fn replay(outcome: &StoredOutcome, record: &ClaimRecord) -> Result<ToolResult, ObolError> {
     match &outcome.response {
         Ok(result) => {
-            let mut result = result.clone();
+            let mut result = result.to_value();
             result["_meta"]["obol"]["replayed"] = serde_json::Value::Bool(true);
             result["_meta"]["obol"]["attempt_count"] = serde_json::json!(record.attempts);
-            Ok(result)
+            Ok(ToolResult {
+                json: ResultJson::of(&result),
+                source: ResultSource::Replayed(outcome.class),
+            })
         }
         Err(error) => Err(ObolError::Replayed(error.clone())),
     }

@@ -10,17 +10,17 @@
 
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio::sync::watch;
 
 use super::attempt::Withdrawal;
 use super::claim::Invocation;
 use super::receipt::{self, Ending};
 use super::render::Rendered;
-use super::{Answer, ClaimIdentity, Services};
+use super::{Answer, ClaimIdentity, ResultSource, Services, ToolResult};
 use crate::clock::now_ms;
 use crate::error::ObolError;
-use crate::store::{ClaimKey, ClaimRecord, ClaimState, Receipt, Store, StoredOutcome};
+use crate::store::{ClaimKey, ClaimRecord, ClaimState, Receipt, ResultJson, Store, StoredOutcome};
 
 /// The pauses between tries of a final write that failed (about 25 s in all; each is cut
 /// to a quarter of the lease, and each try renews the lease first).
@@ -30,7 +30,7 @@ const BACKOFF_MS: [u64; 9] = [100, 200, 400, 800, 1600, 3200, 5000, 5000, 8000];
 #[derive(Debug)]
 pub struct Finalized {
     identity: ClaimIdentity,
-    result: Result<Value, ObolError>,
+    result: Result<ToolResult, ObolError>,
 }
 
 impl Finalized {
@@ -80,10 +80,10 @@ impl Rendered {
             }
             value
         });
-        // The result moves into the final record and is taken back from it once the store
-        // has it: a tool's result is stored and answered without being copied.
+        // The result is written out once: the final record embeds the text and, once the
+        // store has it, the answer takes it back from the record and sends it.
         let (response, refusal) = match result {
-            Ok(value) => (Ok(value), None),
+            Ok(value) => (Ok(ResultJson::of(&value)), None),
             Err(error) => (Err(error.to_jsonrpc_error()), Some(error)),
         };
         let outcome = StoredOutcome {
@@ -171,7 +171,7 @@ impl Closing {
 }
 
 /// The client's answer: the refusal, or the result taken back from the record it was stored in.
-fn answered(finished: ClaimRecord, refusal: Option<ObolError>) -> Result<Value, ObolError> {
+fn answered(finished: ClaimRecord, refusal: Option<ObolError>) -> Result<ToolResult, ObolError> {
     match (refusal, finished.state) {
         (Some(error), _) => Err(error),
         (
@@ -179,11 +179,15 @@ fn answered(finished: ClaimRecord, refusal: Option<ObolError>) -> Result<Value, 
             ClaimState::Finalized {
                 outcome:
                     StoredOutcome {
-                        response: Ok(value),
+                        class,
+                        response: Ok(json),
                         ..
                     },
             },
-        ) => Ok(value),
+        ) => Ok(ToolResult {
+            json,
+            source: ResultSource::Recorded(class),
+        }),
         (None, _) => unreachable!("a result without a refusal is stored as a finalized `Ok`"),
     }
 }

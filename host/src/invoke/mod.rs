@@ -51,10 +51,11 @@ use crate::catalog::Catalog;
 use crate::error::ObolError;
 use crate::idempotency::IdempotencyKey;
 use crate::metrics::Phase;
+pub use crate::metrics::ResultSource;
 use crate::outbound::Outbound;
 use crate::policy::VirtualKey;
 use crate::runtime::Runtime;
-use crate::store::Store;
+use crate::store::{ResultJson, Store};
 use crate::telemetry::phase_span;
 use dispatch::Planned;
 
@@ -114,8 +115,15 @@ pub struct ClaimIdentity {
 /// What the client gets: the MCP result or an error, and the call's identity.
 #[derive(Debug)]
 pub struct Answer {
-    pub result: Result<Value, ObolError>,
+    pub result: Result<ToolResult, ObolError>,
     pub identity: Option<ClaimIdentity>,
+}
+
+/// A call's MCP result, as the JSON text the client is sent, and where it came from.
+#[derive(Debug)]
+pub struct ToolResult {
+    pub json: ResultJson,
+    pub source: ResultSource,
 }
 
 impl Answer {
@@ -144,7 +152,10 @@ impl Answer {
             "_meta": { "obol": obol },
         });
         Answer {
-            result: Ok(result),
+            result: Ok(ToolResult {
+                json: ResultJson::of(&result),
+                source: ResultSource::Gateway,
+            }),
             identity: self.identity,
         }
     }
@@ -171,10 +182,12 @@ pub async fn invoke(
         .instrument(span.clone())
         .await
         .unwrap_or_else(|answered| answered);
-    let labels =
-        services
-            .metrics
-            .tool_call(catalog, &key.workspace, name.as_deref(), &answer.result);
+    let labels = services.metrics.tool_call(
+        catalog,
+        &key.workspace,
+        name.as_deref(),
+        answer.result.as_ref().map(|r| r.source),
+    );
     span.record("tool", labels.tool.as_str());
     span.record("connection", labels.connection.as_str());
     span.record("outcome", labels.outcome);

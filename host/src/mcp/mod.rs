@@ -345,7 +345,10 @@ async fn call(
     };
     let catalog = gateway.catalog();
     let answer = invoke::invoke(&gateway.services, &catalog, key, request).await;
-    (answer.result.map(Outcome::Value), answer.identity)
+    let result = answer
+        .result
+        .map(|result| Outcome::Raw(result.json.into_string()));
+    (result, answer.identity)
 }
 
 async fn dispatch(

@@ -206,13 +206,23 @@ fn cacheable(mut result: Map<String, Value>, ttl_ms: u64) -> Value {
 /// A `tools/list` answer rendered ahead of time, with the stateless fields spliced in (the
 /// listing is never parsed again).
 pub(super) fn tools_list(listing: String, ttl_ms: u64) -> Outcome {
-    let body = listing.trim_end();
-    let Some(open) = body.strip_suffix('}') else {
-        return Outcome::Raw(listing);
-    };
-    Outcome::Raw(format!(
-        r#"{open},"resultType":"complete","ttlMs":{ttl_ms},"cacheScope":"private"}}"#
+    Outcome::Raw(with_fields(
+        listing,
+        &format!(r#""resultType":"complete","ttlMs":{ttl_ms},"cacheScope":"private""#),
     ))
+}
+
+/// Adds `fields` (`"name":value` members) to the text of a JSON object, without parsing it.
+fn with_fields(object: String, fields: &str) -> String {
+    let Some(open) = object.trim_end().strip_suffix('}') else {
+        return object;
+    };
+    let separator = if open.trim_end().ends_with('{') {
+        ""
+    } else {
+        ","
+    };
+    format!("{open}{separator}{fields}}}")
 }
 
 /// The empty lists of what the gateway does not serve (prompts, resources): answered, with
@@ -230,6 +240,8 @@ pub(super) fn complete(result: Outcome) -> Outcome {
             object.insert("resultType".into(), "complete".into());
             Outcome::Value(Value::Object(object))
         }
+        // A tool's result, as the text it was recorded as.
+        Outcome::Raw(text) => Outcome::Raw(with_fields(text, r#""resultType":"complete""#)),
         other => other,
     }
 }
@@ -347,4 +359,29 @@ pub(super) fn answer(
     );
     headers.insert(VERSION_HEADER, HeaderValue::from_static(VERSION));
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Members spliced into an object's text read back as the object with them.
+    #[test]
+    fn fields_join_an_objects_text() {
+        for (object, joined) in [
+            (
+                r#"{"content":[]}"#,
+                json!({"content": [], "resultType": "complete"}),
+            ),
+            ("{ }", json!({"resultType": "complete"})),
+            ("{\"a\":{}}\n", json!({"a": {}, "resultType": "complete"})),
+        ] {
+            let text = with_fields(object.to_owned(), r#""resultType":"complete""#);
+            assert_eq!(
+                serde_json::from_str::<Value>(&text).unwrap(),
+                joined,
+                "{text}"
+            );
+        }
+    }
 }

@@ -250,7 +250,49 @@ pub struct StoredOutcome {
     pub class: OutcomeClass,
     pub vendor_status: Option<u16>,
     /// The MCP result (`Ok`) or the JSON-RPC error object (`Err`) the first call answered.
-    pub response: Result<Value, Value>,
+    pub response: Result<ResultJson, Value>,
+}
+
+/// A tool call's MCP result (`CallToolResult`) as JSON text. It is written out once, when the
+/// call finishes: the claim record embeds these bytes and the answer sends them, so a result
+/// is not serialised once for the store and again for the client. Stored as the JSON itself,
+/// as records before it stored the parsed value, so records of both versions read alike.
+#[derive(Debug, Clone, Serialize)]
+#[serde(transparent)]
+pub struct ResultJson(Box<serde_json::value::RawValue>);
+
+impl<'de> Deserialize<'de> for ResultJson {
+    /// Parsed and written out again: a record's state is a tagged enum, which serde reads
+    /// through a buffer a raw value cannot be taken from. Only reads of finished records pay
+    /// for it (replays, the console), never a call's own writes.
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Value::deserialize(deserializer).map(|value| ResultJson::of(&value))
+    }
+}
+
+impl ResultJson {
+    pub fn of(result: &Value) -> ResultJson {
+        ResultJson(serde_json::value::to_raw_value(result).expect("a Value always serialises"))
+    }
+
+    pub fn text(&self) -> &str {
+        self.0.get()
+    }
+
+    /// The result parsed, for the rare reader that changes it (a replay marks itself).
+    pub fn to_value(&self) -> Value {
+        serde_json::from_str(self.text()).expect("a result is stored as the JSON it was")
+    }
+
+    pub fn into_string(self) -> String {
+        Box::<str>::from(self.0).into_string()
+    }
+}
+
+impl PartialEq for ResultJson {
+    fn eq(&self, other: &ResultJson) -> bool {
+        self.text() == other.text()
+    }
 }
 
 /// Where a claim is in its life.
@@ -525,6 +567,36 @@ mod tests {
         assert_eq!(record.pin.binding, PinnedBinding::None);
     }
 
+    /// A finished record, written and read back as every store does, answers a replay with
+    /// the text its first call was answered with; and a record of the release before, which
+    /// stored the result as a parsed value, reads the same.
+    #[test]
+    fn a_finished_record_keeps_its_results_text() {
+        let result = serde_json::json!({
+            "content": [{"type": "text", "text": "{\"id\":\"re_1\",\"amount\":1000}"}],
+            "structuredContent": {"id": "re_1", "amount": 1000, "ratio": 0.1},
+            "isError": false,
+        });
+        let finished = reserved().finalize(StoredOutcome {
+            class: OutcomeClass::Accepted,
+            vendor_status: Some(200),
+            response: Ok(ResultJson::of(&result)),
+        });
+        let written = serde_json::to_string(&finished).unwrap();
+        let read: ClaimRecord = serde_json::from_str(&written).unwrap();
+        assert_eq!(read, finished);
+        let ClaimState::Finalized { outcome } = &read.state else {
+            panic!("{read:?}")
+        };
+        let text = outcome.response.as_ref().unwrap().text();
+        assert_eq!(text, serde_json::to_string(&result).unwrap());
+        assert_eq!(serde_json::from_str::<Value>(text).unwrap(), result);
+        let earlier = written.replace(text, &serde_json::to_string_pretty(&result).unwrap());
+        assert_ne!(earlier, written);
+        let read: ClaimRecord = serde_json::from_str(&earlier).unwrap();
+        assert_eq!(read, finished);
+    }
+
     fn holder() -> Holder {
         Holder {
             workspace: "w".into(),
@@ -665,7 +737,7 @@ mod tests {
         let withdrawn = again.finalize_withdrawing_unsent(StoredOutcome {
             class: OutcomeClass::Accepted,
             vendor_status: Some(200),
-            response: Ok(Value::Null),
+            response: Ok(ResultJson::of(&Value::Null)),
         });
         assert_eq!(withdrawn.attempts, 1);
     }
@@ -678,7 +750,9 @@ mod tests {
         let finalized = fresh.finalize(StoredOutcome {
             class: OutcomeClass::Accepted,
             vendor_status: Some(200),
-            response: Ok(serde_json::json!({"content": [{"type": "text", "text": "ok"}]})),
+            response: Ok(ResultJson::of(
+                &serde_json::json!({"content": [{"type": "text", "text": "ok"}]}),
+            )),
         });
         let held = ClaimRecord::open(
             pin(),

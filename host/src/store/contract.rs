@@ -354,7 +354,9 @@ async fn finalize_stores_the_receipt(store: &Store) {
     let done = r.finalize(StoredOutcome {
         class: OutcomeClass::Accepted,
         vendor_status: Some(200),
-        response: Ok(serde_json::json!({"content": [], "isError": false})),
+        response: Ok(ResultJson::of(
+            &serde_json::json!({"content": [], "isError": false}),
+        )),
     });
     let receipt = receipt(&r, &k);
     assert!(store.finalize(&k, &r, &done, &receipt).await.unwrap());
@@ -384,7 +386,7 @@ async fn finalize_stores_the_receipt(store: &Store) {
     let stale_next = r.finalize(StoredOutcome {
         class: OutcomeClass::Accepted,
         vendor_status: Some(200),
-        response: Ok(serde_json::json!({})),
+        response: Ok(ResultJson::of(&serde_json::json!({}))),
     });
     assert!(!store.finalize(&k, &r, &stale_next, &stale).await.unwrap());
     assert_eq!(store.receipt("acme", &stale.id).await.unwrap(), None);
@@ -436,7 +438,7 @@ pub async fn retention_is_one_policy(store: &Store) {
     let done = r.finalize(StoredOutcome {
         class: OutcomeClass::Accepted,
         vendor_status: Some(200),
-        response: Ok(serde_json::json!({})),
+        response: Ok(ResultJson::of(&serde_json::json!({}))),
     });
     let mut old_receipt = receipt(&done, &k);
     old_receipt.finalized_at_ms = now_ms();

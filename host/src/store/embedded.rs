@@ -1858,7 +1858,9 @@ mod tests {
         let done = r.finalize(crate::store::StoredOutcome {
             class: crate::store::OutcomeClass::Accepted,
             vendor_status: Some(200),
-            response: Ok(serde_json::json!({"content": [], "isError": false})),
+            response: Ok(crate::store::ResultJson::of(
+                &serde_json::json!({"content": [], "isError": false}),
+            )),
         });
         let receipt = contract::receipt(&r, &k);
         assert!(
@@ -2034,7 +2036,9 @@ mod tests {
         let done = r.finalize(crate::store::StoredOutcome {
             class: crate::store::OutcomeClass::Accepted,
             vendor_status: Some(200),
-            response: Ok(serde_json::json!({"content": [], "isError": false})),
+            response: Ok(crate::store::ResultJson::of(
+                &serde_json::json!({"content": [], "isError": false}),
+            )),
         });
         let receipt = contract::receipt(&r, &k);
         let earlier = [

@@ -27,7 +27,7 @@ use crate::idempotency::IdempotencyKey;
 pub(crate) use claim::RecordHead;
 pub use claim::{
     ApprovalBasis, Claim, ClaimRecord, ClaimState, HeldFor, Holder, Opening, OutcomeClass, Pin,
-    PinnedBinding, StoredOutcome, destination_of,
+    PinnedBinding, ResultJson, StoredOutcome, destination_of,
 };
 pub use embedded::{DEFAULT_CACHE_BYTES, EmbeddedStore};
 pub use redis::RedisStore;
