@@ -4,6 +4,7 @@
 #![cfg(any(test, feature = "test-util"))]
 
 use super::*;
+use crate::clock::now_ms;
 use crate::idempotency::{IdempotencyKey, RequestHash};
 
 pub(crate) fn key(n: u32) -> ClaimKey {

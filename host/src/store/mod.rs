@@ -21,7 +21,6 @@ mod volatile;
 use serde::{Deserialize, Serialize};
 
 use crate::approvals::{ApprovalId, Decided, Decision, Ticket};
-use crate::clock::now_ms;
 use crate::idempotency::IdempotencyKey;
 
 pub(crate) use claim::RecordHead;
