@@ -96,6 +96,48 @@ async fn a_claim_survives_a_redis_restart() {
     );
 }
 
+/// A restarted server has forgotten every script: a new call's claim and final write load
+/// them again and land, and the final write drops the call's lease index entry (a stale entry
+/// would be swept as a dead holder's).
+#[tokio::test]
+async fn after_a_restart_calls_load_the_scripts_again() {
+    let mut redis = RedisServer::start();
+    let vendor = MockVendor::start().await;
+    let gateway = GatewayProcess::start(&on_redis(&vendor, &redis));
+    let client = McpClient::with_key(&gateway.url, TOKEN, &key("scripts-1")).await;
+    client
+        .call("tracker.issues.create", json!({"title": "before"}))
+        .await
+        .unwrap();
+    redis.restart();
+    let client = McpClient::with_key(&gateway.url, TOKEN, &key("scripts-2")).await;
+    let mut landed = None;
+    for _ in 0..50 {
+        match client
+            .call("tracker.issues.create", json!({"title": "after"}))
+            .await
+        {
+            Ok(result) => {
+                landed = Some(result);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    let landed = landed.expect("a call after the restart lands");
+    assert_eq!(meta(&landed)["replayed"], json!(false));
+    assert_eq!(meta(&landed)["outcome"], json!("accepted"));
+    let mut connection = redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let leases: usize = redis::cmd("ZCARD")
+        .arg("obol:leases")
+        .query(&mut connection)
+        .unwrap();
+    assert_eq!(leases, 0, "a finished call left its lease index entry");
+}
+
 #[tokio::test]
 async fn redis_down_fails_closed() {
     let mut redis = RedisServer::start();
