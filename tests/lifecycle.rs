@@ -526,6 +526,25 @@ async fn a_retry_after_the_waiver_was_withdrawn_is_held() {
     assert_eq!(vendor.received(), 0, "sent without approval");
 }
 
+/// `hostile.echo` with these arguments (raw JSON text, sent as written) under `key`.
+async fn echo_under_key(
+    raw: &crate::support::RawMcp,
+    session: &str,
+    arguments: &str,
+    key: &str,
+) -> crate::support::client::RawResponse {
+    let body = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"hostile.echo","arguments":{arguments}}}}}"#
+    );
+    raw.post(
+        Some(TOKEN),
+        Some(session),
+        &body,
+        &[("idempotency-key", key)],
+    )
+    .await
+}
+
 /// Bug 7: 2^53 and 2^53+1 would hash alike as doubles; the second is refused rather than
 /// replaying the first call's result, and near-equal exact numbers are different calls.
 #[tokio::test]
@@ -535,21 +554,7 @@ async fn numbers_a_double_cannot_carry_are_refused_not_collided() {
     let raw = crate::support::RawMcp::new(&gateway.url);
     let (session, _) = raw.initialize(TOKEN, "2025-11-25").await;
     let k = key("numbers");
-    let call = |arguments: &'static str| {
-        let (raw, session, k) = (&raw, session.clone(), k.clone());
-        async move {
-            let body = format!(
-                r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"hostile.echo","arguments":{arguments}}}}}"#
-            );
-            raw.post(
-                Some(TOKEN),
-                Some(&session),
-                &body,
-                &[("idempotency-key", k.as_str())],
-            )
-            .await
-        }
-    };
+    let call = |arguments: &'static str| echo_under_key(&raw, &session, arguments, &k);
     let first = call(r#"{"n": 9007199254740992}"#).await;
     assert_eq!(
         first.message()["result"]["isError"],
@@ -582,6 +587,46 @@ async fn numbers_a_double_cannot_carry_are_refused_not_collided() {
         "{same:?}"
     );
     assert_eq!(vendor.seen().len(), 1);
+}
+
+/// A result nested deeper than the gateway keeps (the echo's structured output is the
+/// arguments, 124 objects deep) used to be answered once and then make its claim record
+/// unreadable: the record nests the result five levels further, past the JSON reader's
+/// 128-level limit, so the retry under the same key failed instead of replaying. Now such a
+/// result is refused once, by name, and its retry replays the refusal; a result within the
+/// limit is answered and replayed whole. The vendor sees one request per key.
+#[tokio::test]
+async fn a_result_too_deep_to_keep_is_refused_and_replays_as_refused() {
+    let vendor = crate::support::MockVendor::start().await;
+    let gateway = GatewayProcess::start(&GatewayConfig::new(&vendor.base_url()));
+    let raw = crate::support::RawMcp::new(&gateway.url);
+    let (session, _) = raw.initialize(TOKEN, "2025-11-25").await;
+    let nested = |depth: usize| format!("{}1{}", r#"{"a":"#.repeat(depth), "}".repeat(depth));
+    let deep = key("deep");
+    let refused = echo_under_key(&raw, &session, &nested(124), &deep).await;
+    assert_eq!(refused.error_type(), "result_too_deep", "{refused:?}");
+    let error = refused.message()["error"].clone();
+    assert!(
+        error["message"].as_str().unwrap().contains("100 levels"),
+        "{error}"
+    );
+    let again = echo_under_key(&raw, &session, &nested(124), &deep).await;
+    assert_eq!(again.message()["error"], error, "{again:?}");
+    assert_eq!(vendor.seen().len(), 1);
+    let within = key("within");
+    let depth = 99;
+    for attempt in 0..2 {
+        let answer = echo_under_key(&raw, &session, &nested(depth), &within).await;
+        let result = &answer.message()["result"];
+        assert_eq!(result["isError"], json!(false), "{answer:?}");
+        assert_eq!(result["_meta"]["obol"]["replayed"], json!(attempt == 1));
+        let mut inner = &result["structuredContent"];
+        for _ in 0..depth {
+            inner = &inner["a"];
+        }
+        assert_eq!(inner, &json!(1), "{answer:?}");
+    }
+    assert_eq!(vendor.seen().len(), 2);
 }
 
 /// Review of bug 5: a store that refuses the lease renewal may still take the final write;

@@ -107,6 +107,10 @@ pub enum ObolError {
     #[error("the connector's output exceeds {limit} bytes")]
     ComponentOutputTooLarge { limit: usize },
     #[error(
+        "the tool's result nests more than {limit} levels deep, more than the gateway keeps; the receipt records the call"
+    )]
+    ResultTooDeep { limit: usize },
+    #[error(
         "the tool's structured output does not match its own output schema: a bug of the connector or MCP server, not of the call (the gateway's log names the tool)"
     )]
     OutputSchemaViolation,
@@ -310,6 +314,7 @@ impl ObolError {
                 "component_output_too_large",
                 false,
             ),
+            ResultTooDeep { .. } => (CALL_FAILED, StatusCode::OK, "result_too_deep", false),
             OutputSchemaViolation => (
                 CALL_FAILED,
                 StatusCode::OK,
@@ -510,6 +515,7 @@ mod tests {
         },
         E::UpstreamResponseTooLarge { .. } => E::UpstreamResponseTooLarge { limit: 1 },
         E::ComponentOutputTooLarge { .. } => E::ComponentOutputTooLarge { limit: 1 },
+        E::ResultTooDeep { .. } => E::ResultTooDeep { limit: 1 },
         E::OutputSchemaViolation => E::OutputSchemaViolation,
         E::CredentialUnavailable => E::CredentialUnavailable,
         E::IdempotencyConflict => E::IdempotencyConflict,

@@ -69,6 +69,9 @@ impl Observed {
                     (Err(ObolError::OutputSchemaViolation), _) => {
                         Some("the output did not match the tool's output schema")
                     }
+                    (Err(ObolError::ResultTooDeep { .. }), _) => {
+                        Some("the result nested deeper than the gateway keeps")
+                    }
                     (Err(_), _) if upstream => Some("the upstream's answer could not be relayed"),
                     (Err(_), _) => Some("the component could not render the vendor's answer"),
                     (Ok(_), StatusClass::Accepted | StatusClass::DefinitelyRejected) => None,

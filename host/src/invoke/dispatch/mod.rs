@@ -323,7 +323,30 @@ fn tool_result(
     if let Some(structured) = structured {
         result["structuredContent"] = structured;
     }
+    if nests_deeper_than(&result, MAX_RESULT_DEPTH) {
+        tracing::warn!(tool = %route.name, "the result nests deeper than {MAX_RESULT_DEPTH} levels");
+        return Err(ObolError::ResultTooDeep {
+            limit: MAX_RESULT_DEPTH,
+        });
+    }
     Ok(result)
+}
+
+/// The deepest a tool's result may nest, the result object itself counting as one. The claim
+/// record keeps the result five levels down, and every reader of a record stops at 128
+/// levels: a deeper result would be answered once and then leave its record unreadable, so a
+/// retry under the same key could neither replay it nor resend.
+const MAX_RESULT_DEPTH: usize = 100;
+
+/// Whether `value` nests arrays and objects more than `limit` deep (a scalar is 0 deep).
+fn nests_deeper_than(value: &Value, limit: usize) -> bool {
+    // Only reached with limit > 0: `||` stops at a container when the limit is spent.
+    let deeper = |child: &Value| nests_deeper_than(child, limit - 1);
+    match value {
+        Value::Array(items) => limit == 0 || items.iter().any(deeper),
+        Value::Object(fields) => limit == 0 || fields.values().any(deeper),
+        _ => false,
+    }
 }
 
 /// Crash tests stop the gateway at a named point (`OBOL_FAILPOINTS`); only the `test-util`
@@ -335,4 +358,21 @@ async fn failpoint(name: &str) {
         std::future::pending::<()>().await;
     }
     let _ = name;
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::nests_deeper_than;
+
+    #[test]
+    fn depth_counts_arrays_and_objects_not_scalars() {
+        assert!(!nests_deeper_than(&json!("deep"), 0));
+        assert!(nests_deeper_than(&json!([]), 0));
+        assert!(!nests_deeper_than(&json!([]), 1));
+        let three = json!({"a": [1, {"b": null}], "c": 2});
+        assert!(!nests_deeper_than(&three, 3));
+        assert!(nests_deeper_than(&three, 2));
+    }
 }
