@@ -311,6 +311,44 @@ fn a_startup_error_is_printed_once() {
     }
 }
 
+/// A guest pool larger than the host's memory mappings allow is refused at start, by the
+/// setting's name and the host's limit. It used to fail deep in the engine ("failed to
+/// protect stack guard page: Cannot allocate memory") with neither, or (a little smaller)
+/// start and fail calls once enough slots were in use.
+#[test]
+fn a_pool_beyond_the_hosts_mappings_is_refused_by_name() {
+    let limit: u64 = std::fs::read_to_string("/proc/sys/vm/max_map_count")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // Every call slot takes at least a stack and its guard page: two mappings.
+    let slots = (limit / 2 + 1).min(u64::from(u32::MAX));
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("obol.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[runtime]\nmax_concurrent_calls = {slots}\n[store]\npath = {:?}\n",
+            dir.path().join("store.redb").to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let (code, _, err) = run_obol(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--config",
+        config.to_str().unwrap(),
+    ]);
+    assert_ne!(code, 0, "{err}");
+    assert!(
+        err.contains(&format!("max_concurrent_calls = {slots}"))
+            && err.contains(&format!("vm.max_map_count is {limit}")),
+        "{err}"
+    );
+}
+
 #[tokio::test]
 async fn a_broken_hot_loaded_component_is_reported_and_skipped() {
     let vendor = MockVendor::start().await;

@@ -380,9 +380,39 @@ impl std::fmt::Debug for Runtime {
     }
 }
 
+/// Memory mappings a call slot can take: its fiber stack and that stack's guard page (two,
+/// from the start), then the memories and tables a call makes accessible (at most five per
+/// slot measured at c=32), rounded up.
+const MAPPINGS_PER_SLOT: u64 = 8;
+/// Mappings the rest of the process takes: libraries, thread stacks, malloc arenas, the store.
+const MAPPINGS_BESIDE_THE_POOL: u64 = 1_000;
+
+/// Refuses a pool that the host's memory mappings (`vm.max_map_count`) cannot hold: the
+/// engine would fail to create it, or calls would fail once enough slots were in use. A host
+/// without `/proc/sys/vm/max_map_count` is not checked.
+fn check_mappings(slots: u32) -> anyhow::Result<()> {
+    let Some(limit) = std::fs::read_to_string("/proc/sys/vm/max_map_count")
+        .ok()
+        .and_then(|text| text.trim().parse::<u64>().ok())
+    else {
+        return Ok(());
+    };
+    let needed = u64::from(slots) * MAPPINGS_PER_SLOT + MAPPINGS_BESIDE_THE_POOL;
+    if needed > limit {
+        let most = limit.saturating_sub(MAPPINGS_BESIDE_THE_POOL) / MAPPINGS_PER_SLOT;
+        anyhow::bail!(
+            "[runtime] max_concurrent_calls = {slots} needs about {needed} memory mappings \
+             ({MAPPINGS_PER_SLOT} a call slot) and this host's vm.max_map_count is {limit}: set \
+             max_concurrent_calls to at most {most}, or raise vm.max_map_count"
+        );
+    }
+    Ok(())
+}
+
 impl Runtime {
     pub fn new(limits: RuntimeConfig) -> anyhow::Result<Runtime> {
         let instances = limits.max_concurrent_calls.max(1);
+        check_mappings(instances)?;
         // Guard pages first; a host that refuses their address space gets bounds checks.
         let (engine, memory_guard) = match engine(&limits, MemoryGuard::GuardPages) {
             Ok(engine) => (engine, MemoryGuard::GuardPages),
