@@ -54,10 +54,7 @@ impl IdempotencyKey {
     /// A fresh key: the time in milliseconds and 192 random bits, so that minted keys sort
     /// by when they were made.
     pub fn mint() -> IdempotencyKey {
-        IdempotencyKey(format!(
-            "{PREFIX}{}",
-            crate::clock::time_ordered_hex::<24>()
-        ))
+        IdempotencyKey(crate::clock::time_ordered_id::<24>(PREFIX))
     }
 
     pub fn as_str(&self) -> &str {

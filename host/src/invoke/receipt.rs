@@ -10,7 +10,7 @@ use crate::store::{
 
 /// `rcp_`, the time in milliseconds and 128 random bits: ids sort by when they were made.
 pub fn new_id() -> String {
-    format!("rcp_{}", crate::clock::time_ordered_hex::<16>())
+    crate::clock::time_ordered_id::<16>("rcp_")
 }
 
 /// How an invocation ended, as its receipt says.
