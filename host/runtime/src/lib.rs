@@ -398,15 +398,19 @@ fn check_mappings(slots: u32) -> anyhow::Result<()> {
         return Ok(());
     };
     let needed = u64::from(slots) * MAPPINGS_PER_SLOT + MAPPINGS_BESIDE_THE_POOL;
-    if needed > limit {
-        let most = limit.saturating_sub(MAPPINGS_BESIDE_THE_POOL) / MAPPINGS_PER_SLOT;
-        anyhow::bail!(
-            "[runtime] max_concurrent_calls = {slots} needs about {needed} memory mappings \
-             ({MAPPINGS_PER_SLOT} a call slot) and this host's vm.max_map_count is {limit}: set \
-             max_concurrent_calls to at most {most}, or raise vm.max_map_count"
-        );
+    if needed <= limit {
+        return Ok(());
     }
-    Ok(())
+    let most = limit.saturating_sub(MAPPINGS_BESIDE_THE_POOL) / MAPPINGS_PER_SLOT;
+    let remedy = if most == 0 {
+        "too few for even one call slot: raise vm.max_map_count".to_owned()
+    } else {
+        format!("set max_concurrent_calls to at most {most}, or raise vm.max_map_count")
+    };
+    anyhow::bail!(
+        "[runtime] max_concurrent_calls = {slots} needs about {needed} memory mappings \
+         ({MAPPINGS_PER_SLOT} a call slot) and this host's vm.max_map_count is {limit}: {remedy}"
+    )
 }
 
 impl Runtime {

@@ -333,9 +333,11 @@ fn tool_result(
 }
 
 /// The deepest a tool's result may nest, the result object itself counting as one. The claim
-/// record keeps the result five levels down, and every reader of a record stops at 128
-/// levels: a deeper result would be answered once and then leave its record unreadable, so a
-/// retry under the same key could neither replay it nor resend.
+/// record holds the result inside four levels of its own (the journal's entry wraps that in
+/// three more), and serde_json reads at most 127 nested levels: a deeper result would be
+/// answered once and then leave its record unreadable, so a retry under the same key could
+/// neither replay it nor resend, and a journal holding it could not be read back after a
+/// crash. The `_meta` added later sits beside the result's own fields, a few levels deep.
 const MAX_RESULT_DEPTH: usize = 100;
 
 /// Whether `value` nests arrays and objects more than `limit` deep (a scalar is 0 deep).
