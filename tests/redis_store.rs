@@ -722,3 +722,86 @@ fn a_lane_talks_to_redis_without_the_runtime_that_opened_the_store() {
     }
     release.send(()).unwrap();
 }
+
+/// On one server the indexes beside a claim are written by the claim's own scripts, only when
+/// the write they belong to happens. A claim that finds the slot taken leaves the lease index
+/// as the winner wrote it (it used to raise the entry to its own, later lease, so the sweeper
+/// would find a dead winner late), and a final write that lost its race lists no receipt and
+/// leaves no pointer (it used to write both, pointing at a receipt that never existed).
+#[tokio::test]
+async fn a_write_that_loses_its_race_leaves_no_index_entries() {
+    use obol::store::contract::{key, receipt, record, record_leased_until};
+    use obol::store::{Claim, OutcomeClass, ResultJson, Store, StoredOutcome};
+    let redis = RedisServer::start();
+    let store = Store::Redis(
+        obol::store::RedisStore::connect(&redis.url())
+            .await
+            .unwrap(),
+    );
+    let mut connection = redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let mut score = |index: &str, member: &str| -> Option<u64> {
+        redis::cmd("ZSCORE")
+            .arg(index)
+            .arg(member)
+            .query(&mut connection)
+            .unwrap()
+    };
+
+    let k = key(1);
+    let winner = record();
+    assert_eq!(store.claim(&k, &winner).await.unwrap(), Claim::Acquired);
+    let later = record_leased_until(winner.lease_until_ms + 60_000);
+    assert!(matches!(
+        store.claim(&k, &later).await.unwrap(),
+        Claim::Existing(_)
+    ));
+    assert_eq!(
+        score("obol:leases", &k.slot()),
+        Some(winner.lease_until_ms),
+        "the losing claim moved the winner's lease index entry"
+    );
+
+    let outcome = || StoredOutcome {
+        class: OutcomeClass::Accepted,
+        vendor_status: Some(200),
+        response: Ok(ResultJson::of(&json!({"content": [], "isError": false}))),
+    };
+    let done = winner.finalize(outcome());
+    assert!(
+        store
+            .finalize(&k, &winner, &done, &receipt(&winner, &k))
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        score("obol:leases", &k.slot()),
+        None,
+        "a finished call's entry"
+    );
+    let mut stale = receipt(&winner, &k);
+    stale.id = format!("{}x", stale.id);
+    assert!(
+        !store
+            .finalize(&k, &winner, &winner.finalize(outcome()), &stale)
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        score(&format!("obol:receipts:{}", k.workspace), &stale.id),
+        None,
+        "a lost final write listed its receipt"
+    );
+    let pointer: bool = redis::cmd("EXISTS")
+        .arg(format!("obol:receipt:{}:{}", k.workspace, stale.id))
+        .query(
+            &mut redis::Client::open(redis.url())
+                .unwrap()
+                .get_connection()
+                .unwrap(),
+        )
+        .unwrap();
+    assert!(!pointer, "a lost final write left a pointer to no receipt");
+}

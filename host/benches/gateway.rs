@@ -139,6 +139,11 @@ impl Redis {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
+    /// The server's CPU time so far (user + system).
+    fn cpu(&self) -> Duration {
+        cpu_of(&self.child.id().to_string())
+    }
+
     /// Three durable primaries made one Redis Cluster (for what a cluster's extra round
     /// trips cost).
     fn cluster() -> Vec<Redis> {
@@ -375,6 +380,21 @@ fn resident_anon_and_file_mib(pid: &str) -> (f64, f64) {
 }
 
 /// Resident memory of a process (`self` or a pid), from `/proc`.
+/// A process's CPU time so far (user + system), from `/proc`.
+fn cpu_of(process: &str) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{process}/stat")).unwrap_or_default();
+    // Fields after the command's closing parenthesis; utime and stime are the 12th and 13th
+    // of those, in clock ticks (100 per second on Linux).
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or(vec![], |(_, rest)| rest.split_whitespace().collect());
+    let ticks: u64 = [11, 12]
+        .iter()
+        .filter_map(|&i| fields.get(i)?.parse::<u64>().ok())
+        .sum();
+    Duration::from_millis(ticks * 10)
+}
+
 fn rss_mib_of(process: &str) -> f64 {
     status_mib(process, "VmRSS:")
 }
@@ -1644,20 +1664,9 @@ impl OutsideGateway {
         self.child.0.id().to_string()
     }
 
-    /// The gateway process's CPU time so far (user + system), from `/proc`.
+    /// The gateway process's CPU time so far (user + system).
     fn cpu(&self) -> Duration {
-        let stat =
-            std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap_or_default();
-        // Fields after the command's closing parenthesis; utime and stime are the 12th and
-        // 13th of those, in clock ticks (100 per second on Linux).
-        let fields: Vec<&str> = stat
-            .rsplit_once(')')
-            .map_or(vec![], |(_, rest)| rest.split_whitespace().collect());
-        let ticks: u64 = [11, 12]
-            .iter()
-            .filter_map(|&i| fields.get(i)?.parse::<u64>().ok())
-            .sum();
-        Duration::from_millis(ticks * 10)
+        cpu_of(&self.pid())
     }
 
     /// Seconds spent so far in each timed lifecycle phase (claim, dispatch, finalize), summed
@@ -1724,6 +1733,9 @@ async fn outside(redis: &Redis) {
     for concurrency in [1usize, 32] {
         let mut runs: Vec<Vec<Figures>> = (0..=rig.gateways.len()).map(|_| Vec::new()).collect();
         let mut cpu: Vec<Vec<Duration>> = vec![Vec::new(); rig.gateways.len()];
+        // redis-server's CPU per call during each Redis gateway's runs (its store's share of
+        // the two cores; it serves no one else meanwhile).
+        let mut store_cpu: Vec<Vec<Duration>> = vec![Vec::new(); rig.gateways.len()];
         let mut phases = vec![[(0.0, 0.0); 3]; rig.gateways.len()];
         for round in 0..3 {
             runs[0].push(load(concurrency, direct.clone()).await);
@@ -1736,9 +1748,13 @@ async fn outside(redis: &Redis) {
             for i in order {
                 let gateway = &rig.gateways[i];
                 let (before, phases_before) = (gateway.cpu(), gateway.phases(&http).await);
+                let store_before = redis.cpu();
                 let figures = load(concurrency, gateway.call(&http)).await;
                 let calls = WARM_UP as f64 + figures.rate * RUN_FOR.as_secs_f64();
                 cpu[i].push((gateway.cpu() - before).div_f64(calls));
+                if gateway.store_file.is_none() {
+                    store_cpu[i].push((redis.cpu() - store_before).div_f64(calls));
+                }
                 let phases_after = gateway.phases(&http).await;
                 for (total, (after, before)) in phases[i]
                     .iter_mut()
@@ -1750,7 +1766,7 @@ async fn outside(redis: &Redis) {
                 runs[i + 1].push(figures);
             }
         }
-        for samples in &mut cpu {
+        for samples in cpu.iter_mut().chain(&mut store_cpu) {
             samples.sort();
         }
         let median = |figures: &mut Vec<Figures>| {
@@ -1798,14 +1814,24 @@ async fn outside(redis: &Redis) {
         // Where a call's wall time goes inside the gateway, from its own phase timers; the
         // rest of a call's mean time in flight (concurrency / rate, Little's law) is the
         // client, the MCP hop, parsing, routing, the guest's prepare and the response.
-        for ((gateway, phases), figures) in rig.gateways.iter().zip(&phases).zip(&runs[1..]) {
+        for (((gateway, phases), figures), store_cpu) in rig
+            .gateways
+            .iter()
+            .zip(&phases)
+            .zip(&runs[1..])
+            .zip(&store_cpu)
+        {
             let mean = |(sum, count): (f64, f64)| {
                 Duration::from_secs_f64(if count > 0.0 { sum / count } else { 0.0 })
             };
             let [claim, dispatch, finalize] = phases.map(mean);
             let rate = figures.iter().map(|f| f.rate).sum::<f64>() / figures.len() as f64;
+            let store = match store_cpu.get(1) {
+                Some(median) => format!(", redis-server CPU {}", us(*median)),
+                None => String::new(),
+            };
             println!(
-                "    {} c={concurrency}, mean per call: in flight {}, claim {}, dispatch {}, finalize {}",
+                "    {} c={concurrency}, mean per call: in flight {}, claim {}, dispatch {}, finalize {}{store}",
                 gateway.name,
                 us(Duration::from_secs_f64(concurrency as f64 / rate)),
                 us(claim),
@@ -1827,10 +1853,10 @@ async fn outside(redis: &Redis) {
     );
 }
 
-/// `OBOL_BENCH=soak`: the outside rig's embedded gateway under steady load
-/// (`OBOL_SOAK_CONCURRENCY`, default 16) for `OBOL_SOAK_MINUTES` (default 10). Every minute:
-/// calls, latency, the gateway's RSS (anonymous and file pages), open fds, and the store
-/// file's size.
+/// `OBOL_BENCH=soak`: the outside rig's embedded gateway (`OBOL_SOAK_STORE=redis`: its Redis
+/// gateway) under steady load (`OBOL_SOAK_CONCURRENCY`, default 16) for `OBOL_SOAK_MINUTES`
+/// (default 10). Every minute: calls, latency, the gateway's RSS (anonymous and file pages),
+/// open fds, and the store file's size.
 async fn soak(redis: &Redis) {
     let number = |name: &str, default: u64| {
         std::env::var(name)
@@ -1840,12 +1866,14 @@ async fn soak(redis: &Redis) {
     };
     let minutes = number("OBOL_SOAK_MINUTES", 10);
     let concurrency = number("OBOL_SOAK_CONCURRENCY", 16) as usize;
+    // `OBOL_SOAK_STORE=redis` soaks the Redis gateway instead (to profile that path).
+    let on_redis = std::env::var("OBOL_SOAK_STORE").is_ok_and(|store| store == "redis");
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(64)
         .build()
         .unwrap();
     let rig = Rig::start(redis, &http).await;
-    let gateway = &rig.gateways[0];
+    let gateway = &rig.gateways[usize::from(on_redis)];
     println!(
         "\nsoak: {} gateway (obol serve), c={concurrency}, {minutes} min of stripe.charges.list",
         gateway.name

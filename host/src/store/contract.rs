@@ -7,7 +7,7 @@ use super::*;
 use crate::clock::now_ms;
 use crate::idempotency::{IdempotencyKey, RequestHash};
 
-pub(crate) fn key(n: u32) -> ClaimKey {
+pub fn key(n: u32) -> ClaimKey {
     ClaimKey {
         workspace: "acme".into(),
         connection: ConnectionSegment::Resolved("stripe-main".into()),
@@ -34,11 +34,11 @@ fn holder() -> Holder {
     }
 }
 
-pub(crate) fn record() -> ClaimRecord {
+pub fn record() -> ClaimRecord {
     record_leased_until(now_ms() + 30_000)
 }
 
-fn record_leased_until(lease_until_ms: u64) -> ClaimRecord {
+pub fn record_leased_until(lease_until_ms: u64) -> ClaimRecord {
     ClaimRecord::open(
         Pin::new(
             RequestHash::of_arguments(&serde_json::json!({"charge": "ch_1"})),
@@ -53,7 +53,7 @@ fn record_leased_until(lease_until_ms: u64) -> ClaimRecord {
     )
 }
 
-pub(crate) fn receipt(record: &ClaimRecord, claim: &ClaimKey) -> Receipt {
+pub fn receipt(record: &ClaimRecord, claim: &ClaimKey) -> Receipt {
     Receipt {
         capability: None,
         trace_id: None,

@@ -4,8 +4,10 @@
 //! Every multi-key transition is one Lua script, and every key a script touches carries the
 //! claim's hash tag (`obol:{<slot>}:…`), so the same scripts run unchanged on a cluster. The
 //! indexes that live outside a claim's slot (the lease index, a receipt's pointer and its
-//! workspace listing) are written in the same [`Writes`] as the script: one pipeline on a
-//! single server, one pipeline per slot, in order, on a cluster.
+//! workspace listing) are written by the script itself on a single server: with the write
+//! they belong to, only when it happens, in one command. A cluster script cannot touch keys
+//! of other slots, so there they are written in the same [`Writes`] as the script, one
+//! pipeline per slot, in order ([`Entries`]).
 //!
 //! Durability: Obol relies on what Redis acknowledges. It refuses a server that could lose
 //! an acknowledged write (`appendonly yes`, `appendfsync always` and `noeviction` are
@@ -28,17 +30,20 @@ use crate::approvals::{ApprovalId, Decided, Decision, Ticket};
 use crate::listener::lanes;
 
 /// Slot → lease end (ms) of claims with an attempt reserved, for the sweeper. It lives outside
-/// every claim's hash tag, so it is written beside the scripts, never inside them: before a
-/// reservation (a failed write fails the call closed, and an entry whose claim moved on is
-/// dropped by the sweeper) and after the claim leaves `Reserved`.
+/// every claim's hash tag: on a cluster it is written beside the scripts, before a reservation
+/// (a failed write fails the call closed, and an entry whose claim moved on is dropped by the
+/// sweeper) and after the claim leaves `Reserved`; on one server the scripts write it.
 const LEASES: &str = "obol:leases";
 
 /// Drops a slot's lease index entry unless a later reservation wrote a later lease since.
-const DROP_LEASE: &str = r"
-local s = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if s and tonumber(s) <= tonumber(ARGV[2]) then redis.call('ZREM', KEYS[1], ARGV[1]) end
-return 0
+const DROP_LEASE_FN: &str = r"
+local function drop_lease(index, slot, bound)
+  local s = redis.call('ZSCORE', index, slot)
+  if s and tonumber(s) <= tonumber(bound) then redis.call('ZREM', index, slot) end
+end
 ";
+
+const DROP_LEASE_BODY: &str = "drop_lease(KEYS[1], ARGV[1], ARGV[2])\nreturn 0\n";
 
 /// Leases live on the server's clock: a reservation stores `l`, the server time its lease
 /// ends (`TIME` + the remaining lease the gateway asks for), and every read returns `l` with
@@ -51,12 +56,14 @@ const NOW_MS: &str =
 /// stores its unique write id `w`, so a client that resends after a lost reply (the cluster
 /// client does, on a dropped connection) finds its own write and is told it claimed. (Not the
 /// record's content: two racers can write identical records in the same millisecond.)
+/// With `KEYS[2]` (the lease index, one server only), a reservation's entry is written first.
 const CLAIM_BODY: &str = r"
 local v = redis.call('HGET', KEYS[1], 'v')
 if v then
   if redis.call('HGET', KEYS[1], 'w') == ARGV[5] then return {0} end
   return {1, redis.call('HGET', KEYS[1], 'r'), redis.call('HGET', KEYS[1], 'l') or -1, now}
 end
+if KEYS[2] and ARGV[6] ~= '' then redis.call('ZADD', KEYS[2], 'GT', ARGV[6], ARGV[7]) end
 redis.call('HSET', KEYS[1], 'v', ARGV[2], 'r', ARGV[1], 'w', ARGV[5])
 if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'l', now + tonumber(ARGV[4])) end
 redis.call('EXPIRE', KEYS[1], ARGV[3])
@@ -70,9 +77,11 @@ return {redis.call('HGET', KEYS[1], 'r') or false, redis.call('HGET', KEYS[1], '
 
 /// -1: the record is gone (never a lost race); 0: another version is stored; 1: done (also
 /// when this very write, by its write id, is already stored: a resend after a lost reply).
-/// The claim
-/// record is written last, so a script that fails part-way never leaves a finalized claim
-/// without its receipt.
+/// The claim record is written last, so a script that fails part-way never leaves a finalized
+/// claim without its receipt. On one server (`KEYS[4]`, the lease index, and with a receipt
+/// `KEYS[5]`, the workspace's listing, and `KEYS[6]`, the receipt's pointer) the script also
+/// writes the lease index entry of a new reservation or drops the one this transition leaves,
+/// and lists the receipt before writing it.
 const TRANSITION_BODY: &str = r"
 local v = redis.call('HGET', KEYS[1], 'v')
 if not v then return -1 end
@@ -83,7 +92,20 @@ if v ~= ARGV[1] then
   if redis.call('HGET', KEYS[1], 'w') == ARGV[8] then return 1 end
   return 0
 end
+if KEYS[4] then
+  if ARGV[10] ~= '' then
+    redis.call('ZADD', KEYS[4], 'GT', ARGV[10], ARGV[9])
+  else
+    drop_lease(KEYS[4], ARGV[9], ARGV[11])
+  end
+end
 if ARGV[5] ~= '' then
+  if KEYS[5] then
+    redis.call('SET', KEYS[6], KEYS[2], 'EX', ARGV[4])
+    redis.call('ZADD', KEYS[5], ARGV[13], ARGV[12])
+    redis.call('ZREMRANGEBYSCORE', KEYS[5], 0, ARGV[14])
+    redis.call('EXPIRE', KEYS[5], ARGV[4])
+  end
   redis.call('SET', KEYS[2], ARGV[5], 'EX', ARGV[4])
   redis.call('XADD', KEYS[3], 'MAXLEN', '~', '1000', '*', 'event', ARGV[6])
   redis.call('EXPIRE', KEYS[3], ARGV[4])
@@ -172,9 +194,9 @@ impl Scripts {
     fn new() -> Scripts {
         Scripts {
             claim: Script::new(&format!("{NOW_MS}{CLAIM_BODY}")),
-            transition: Script::new(&format!("{NOW_MS}{TRANSITION_BODY}")),
+            transition: Script::new(&format!("{NOW_MS}{DROP_LEASE_FN}{TRANSITION_BODY}")),
             get_claim: Script::new(&format!("{NOW_MS}{GET_CLAIM_BODY}")),
-            drop_lease: Script::new(DROP_LEASE),
+            drop_lease: Script::new(&format!("{DROP_LEASE_FN}{DROP_LEASE_BODY}")),
             put_ticket: Script::new(PUT_TICKET),
             decide_ticket: Script::new(DECIDE_TICKET),
         }
@@ -196,6 +218,26 @@ enum Server {
     Node(redis::Client),
     /// A Redis Cluster, by any of its nodes.
     Cluster(Box<ClusterClient>),
+}
+
+/// Where the indexes outside a claim's slot (the lease index, a receipt's pointer and its
+/// listing) are written.
+#[derive(Debug, Clone, Copy)]
+enum Entries {
+    /// By the claim's script, with the write they belong to: one server, where a script may
+    /// touch any key.
+    InScript,
+    /// Beside the script, each in a pipeline of its own slot: a cluster.
+    Beside,
+}
+
+impl Server {
+    fn entries(&self) -> Entries {
+        match self {
+            Server::Node(_) => Entries::InScript,
+            Server::Cluster(_) => Entries::Beside,
+        }
+    }
 }
 
 /// A connection to a single server or to a cluster (which routes each command, or each
@@ -416,13 +458,22 @@ fn failed(error: impl std::fmt::Display) -> StoreError {
     StoreError(error.to_string())
 }
 
-fn claim_key(key: &ClaimKey) -> (String, String, String) {
+/// A claim's slot and the keys that carry its hash tag.
+struct ClaimKeys {
+    slot: String,
+    claim: String,
+    receipt: String,
+    audit: String,
+}
+
+fn claim_key(key: &ClaimKey) -> ClaimKeys {
     let slot = key.slot();
-    (
-        format!("obol:{{{slot}}}:claim"),
-        format!("obol:{{{slot}}}:receipt"),
-        format!("obol:{{{slot}}}:audit"),
-    )
+    ClaimKeys {
+        claim: format!("obol:{{{slot}}}:claim"),
+        receipt: format!("obol:{{{slot}}}:receipt"),
+        audit: format!("obol:{{{slot}}}:audit"),
+        slot,
+    }
 }
 
 /// A reservation's lease index entry. GT: a racer that loses the compare-and-set cannot
@@ -430,16 +481,6 @@ fn claim_key(key: &ClaimKey) -> (String, String, String) {
 fn lease_entry(slot: &str, until_ms: u64) -> Cmd {
     let mut cmd = redis::cmd("ZADD");
     cmd.arg(LEASES).arg("GT").arg(until_ms).arg(slot);
-    cmd
-}
-
-fn drop_lease_entry(slot: &str, until_ms: u64) -> Cmd {
-    let mut cmd = redis::cmd("EVAL");
-    cmd.arg(DROP_LEASE)
-        .arg(1)
-        .arg(LEASES)
-        .arg(slot)
-        .arg(until_ms);
     cmd
 }
 
@@ -544,6 +585,18 @@ impl RedisStore {
         Ok(self)
     }
 
+    /// Drops `slot`'s lease index entry if its lease is no later than `until_ms`, as a command
+    /// of a pipeline.
+    fn drop_lease_entry(&self, slot: &str, until_ms: u64) -> Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.scripts.drop_lease.get_hash())
+            .arg(1)
+            .arg(LEASES)
+            .arg(slot)
+            .arg(until_ms);
+        cmd
+    }
+
     /// A write id no other write of any gateway uses: this store's random id and a count.
     fn write_id(&self) -> String {
         let n = self.writes.fetch_add(1, Ordering::Relaxed);
@@ -607,6 +660,7 @@ impl RedisStore {
             {
                 self.scripts.claim.load_async(connection).await?;
                 self.scripts.transition.load_async(connection).await?;
+                self.scripts.drop_lease.load_async(connection).await?;
                 self.send_once(&pipelines, connection).await
             }
             other => other,
@@ -741,24 +795,33 @@ impl RedisStore {
         record: &ClaimRecord,
         connection: &mut Connection,
     ) -> Result<(Claim, Result<(), StoreError>), StoreError> {
-        let (claim, _, _) = claim_key(key);
+        let ClaimKeys { slot, claim, .. } = claim_key(key);
         let json = serde_json::to_string(record).map_err(failed)?;
+        let lease = record.reserved_lease();
         let mut writes = Writes::default();
-        // The lease index entry before the claim, so a claim is never reserved without one
-        // (a stale entry is dropped by the sweeper).
-        if let Some(until) = record.reserved_lease() {
-            writes.group().ignore(lease_entry(&key.slot(), until));
-        }
         let mut script = redis::cmd("EVALSHA");
+        script.arg(self.scripts.claim.get_hash());
+        match self.server.entries() {
+            Entries::InScript => {
+                script.arg(2).arg(&claim).arg(LEASES);
+            }
+            Entries::Beside => {
+                // The lease index entry before the claim, so a claim is never reserved
+                // without one (a stale entry is dropped by the sweeper).
+                if let Some(until) = lease {
+                    writes.group().ignore(lease_entry(&slot, until));
+                }
+                script.arg(1).arg(&claim);
+            }
+        }
         script
-            .arg(self.scripts.claim.get_hash())
-            .arg(1)
-            .arg(&claim)
             .arg(&json)
             .arg(record.version)
             .arg(self.retention_s)
             .arg(remaining_lease(record))
-            .arg(self.write_id());
+            .arg(self.write_id())
+            .arg(lease.map(|until| until.to_string()).unwrap_or_default())
+            .arg(&slot);
         writes.group().keep(script);
         let sent = match self.send(writes, connection).await {
             Ok(sent) => sent,
@@ -767,7 +830,7 @@ impl RedisStore {
                 tracing::warn!(
                     "a claim reply was lost ({error}); reading the claim to see what happened"
                 );
-                return match self.get_slot_on(&key.slot(), connection).await? {
+                return match self.get_slot_on(&slot, connection).await? {
                     Some(stored) if same_record(&stored, record) => Ok((
                         Claim::Acquired,
                         self.acknowledge_claim(&claim, connection).await,
@@ -832,8 +895,12 @@ impl RedisStore {
         if next.version != expected.version + 1 {
             return Err(super::version_step(expected.version, next.version));
         }
-        let slot = key.slot();
-        let (claim, receipt_key, audit_key) = claim_key(key);
+        let ClaimKeys {
+            slot,
+            claim,
+            receipt: receipt_key,
+            audit: audit_key,
+        } = claim_key(key);
         let receipt_json = receipt
             .map(serde_json::to_string)
             .transpose()
@@ -844,24 +911,46 @@ impl RedisStore {
             .transpose()
             .map_err(failed)?
             .unwrap_or_default();
+        let listing = receipt.map(|receipt| Listing::of(receipt, self.retention_s));
+        let lease = next.reserved_lease();
         let mut writes = Writes::default();
-        // Before the script: the lease index entry of a new reservation (so a reserved claim
-        // always has one), and a receipt's pointer and listing entry (so a receipt is
-        // findable the moment it exists; readers skip an entry whose receipt was never
-        // written).
-        if let Some(until) = next.reserved_lease() {
-            writes.group().ignore(lease_entry(&slot, until));
-        }
-        if let Some(receipt) = receipt {
-            index_receipt(&mut writes, receipt, &receipt_key, self.retention_s);
-        }
         let mut script = redis::cmd("EVALSHA");
+        script.arg(self.scripts.transition.get_hash());
+        let entries = self.server.entries();
+        match (entries, &listing) {
+            (Entries::InScript, Some(listing)) => {
+                script
+                    .arg(6)
+                    .arg(&claim)
+                    .arg(&receipt_key)
+                    .arg(&audit_key)
+                    .arg(LEASES)
+                    .arg(&listing.index)
+                    .arg(&listing.pointer);
+            }
+            (Entries::InScript, None) => {
+                script
+                    .arg(4)
+                    .arg(&claim)
+                    .arg(&receipt_key)
+                    .arg(&audit_key)
+                    .arg(LEASES);
+            }
+            (Entries::Beside, _) => {
+                // Before the script: the lease index entry of a new reservation (so a
+                // reserved claim always has one), and a receipt's pointer and listing entry
+                // (so a receipt is findable the moment it exists; readers skip an entry whose
+                // receipt was never written).
+                if let Some(until) = lease {
+                    writes.group().ignore(lease_entry(&slot, until));
+                }
+                if let Some(listing) = &listing {
+                    listing.write(&mut writes, &receipt_key, self.retention_s);
+                }
+                script.arg(3).arg(&claim).arg(&receipt_key).arg(&audit_key);
+            }
+        }
         script
-            .arg(self.scripts.transition.get_hash())
-            .arg(3)
-            .arg(&claim)
-            .arg(&receipt_key)
-            .arg(&audit_key)
             .arg(expected.version)
             .arg(next.version)
             .arg(serde_json::to_string(next).map_err(failed)?)
@@ -869,16 +958,25 @@ impl RedisStore {
             .arg(&receipt_json)
             .arg(&event)
             .arg(remaining_lease(next))
-            .arg(self.write_id());
+            .arg(self.write_id())
+            .arg(&slot)
+            .arg(lease.map(|until| until.to_string()).unwrap_or_default())
+            .arg(expected.lease_until_ms);
+        if let Some(listing) = &listing {
+            script
+                .arg(listing.id)
+                .arg(listing.finalized_at_ms)
+                .arg(listing.horizon_ms);
+        }
         writes.group().keep(script);
-        // A claim leaving `Reserved` drops its lease index entry. It runs whatever the script
-        // decided, and is harmless when the script refused: it drops only an entry no later
-        // than the lease this transition started from, never the entry of a later
-        // reservation.
-        if next.reserved_lease().is_none() {
+        // On a cluster, a claim leaving `Reserved` drops its lease index entry after the
+        // script. It runs whatever the script decided, and is harmless when the script
+        // refused: it drops only an entry no later than the lease this transition started
+        // from, never the entry of a later reservation.
+        if let (Entries::Beside, None) = (entries, lease) {
             writes
                 .group()
-                .ignore(drop_lease_entry(&slot, expected.lease_until_ms));
+                .ignore(self.drop_lease_entry(&slot, expected.lease_until_ms));
         }
         let sent = match self.send(writes, connection).await {
             Ok(sent) => sent,
@@ -987,7 +1085,7 @@ impl RedisStore {
         let location = format!("obol:refusal:{}:{}", receipt.workspace, receipt.id);
         let json = serde_json::to_string(receipt).map_err(failed)?;
         let mut writes = Writes::default();
-        index_receipt(&mut writes, receipt, &location, self.retention_s);
+        Listing::of(receipt, self.retention_s).write(&mut writes, &location, self.retention_s);
         writes
             .group()
             .ignore(Cmd::set_ex(&location, json, self.retention_s));
@@ -1345,21 +1443,42 @@ fn same_record(stored: &ClaimRecord, written: &ClaimRecord) -> bool {
         && stored.attempts == written.attempts
 }
 
-/// Adds a receipt's pointer (`obol:receipt:{workspace}:{id}` → where it lives) and its
-/// listing entry to `pipe`. Written before the receipt itself: a reader that follows either
+/// A receipt's entry in its workspace's listing (`obol:receipts:<workspace>`, by finalization
+/// time, trimmed to the retention) and its pointer (`obol:receipt:<workspace>:<id>`, naming the
+/// key that holds it). Both are written before the receipt itself: a reader that follows either
 /// to nothing skips it.
-fn index_receipt(writes: &mut Writes, receipt: &Receipt, location: &str, retention_s: u64) {
-    let index = format!("obol:receipts:{}", receipt.workspace);
-    let pointer = format!("obol:receipt:{}:{}", receipt.workspace, receipt.id);
-    let horizon = receipt.finalized_at_ms.saturating_sub(retention_s * 1000);
-    writes
-        .group()
-        .ignore(Cmd::set_ex(&pointer, location, retention_s));
-    writes
-        .group()
-        .ignore(Cmd::zadd(&index, &receipt.id, receipt.finalized_at_ms))
-        .ignore(Cmd::zrembyscore(&index, 0, horizon))
-        .ignore(Cmd::expire(&index, retention_s as i64));
+struct Listing<'r> {
+    index: String,
+    pointer: String,
+    id: &'r str,
+    finalized_at_ms: u64,
+    /// Entries finalized before this are past the retention.
+    horizon_ms: u64,
+}
+
+impl<'r> Listing<'r> {
+    fn of(receipt: &'r Receipt, retention_s: u64) -> Listing<'r> {
+        Listing {
+            index: format!("obol:receipts:{}", receipt.workspace),
+            pointer: format!("obol:receipt:{}:{}", receipt.workspace, receipt.id),
+            id: &receipt.id,
+            finalized_at_ms: receipt.finalized_at_ms,
+            horizon_ms: receipt.finalized_at_ms.saturating_sub(retention_s * 1000),
+        }
+    }
+
+    /// As commands of their own slots (the script that writes a claim's receipt writes its
+    /// listing itself on one server).
+    fn write(&self, writes: &mut Writes, location: &str, retention_s: u64) {
+        writes
+            .group()
+            .ignore(Cmd::set_ex(&self.pointer, location, retention_s));
+        writes
+            .group()
+            .ignore(Cmd::zadd(&self.index, self.id, self.finalized_at_ms))
+            .ignore(Cmd::zrembyscore(&self.index, 0, self.horizon_ms))
+            .ignore(Cmd::expire(&self.index, retention_s as i64));
+    }
 }
 
 /// The settings under which what Redis acknowledges is what it keeps: every write fsynced to
