@@ -749,6 +749,12 @@ async fn a_write_that_loses_its_race_leaves_no_index_entries() {
             .query(&mut connection)
             .unwrap()
     };
+    let mut other = redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let mut exists =
+        |key: String| -> bool { redis::cmd("EXISTS").arg(key).query(&mut other).unwrap() };
 
     let k = key(1);
     let winner = record();
@@ -781,6 +787,14 @@ async fn a_write_that_loses_its_race_leaves_no_index_entries() {
         None,
         "a finished call's entry"
     );
+    assert!(
+        score(
+            &format!("obol:receipts:{}", k.workspace),
+            &winner.receipt_id
+        )
+        .is_some(),
+        "the winner's receipt is listed"
+    );
     let mut stale = receipt(&winner, &k);
     stale.id = format!("{}x", stale.id);
     assert!(
@@ -794,14 +808,15 @@ async fn a_write_that_loses_its_race_leaves_no_index_entries() {
         None,
         "a lost final write listed its receipt"
     );
-    let pointer: bool = redis::cmd("EXISTS")
-        .arg(format!("obol:receipt:{}:{}", k.workspace, stale.id))
-        .query(
-            &mut redis::Client::open(redis.url())
-                .unwrap()
-                .get_connection()
-                .unwrap(),
-        )
-        .unwrap();
-    assert!(!pointer, "a lost final write left a pointer to no receipt");
+    assert!(
+        exists(format!(
+            "obol:receipt:{}:{}",
+            k.workspace, winner.receipt_id
+        )),
+        "the winner's receipt has its pointer"
+    );
+    assert!(
+        !exists(format!("obol:receipt:{}:{}", k.workspace, stale.id)),
+        "a lost final write left a pointer to no receipt"
+    );
 }

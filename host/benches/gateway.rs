@@ -379,7 +379,6 @@ fn resident_anon_and_file_mib(pid: &str) -> (f64, f64) {
     )
 }
 
-/// Resident memory of a process (`self` or a pid), from `/proc`.
 /// A process's CPU time so far (user + system), from `/proc`.
 fn cpu_of(process: &str) -> Duration {
     let stat = std::fs::read_to_string(format!("/proc/{process}/stat")).unwrap_or_default();
@@ -395,6 +394,7 @@ fn cpu_of(process: &str) -> Duration {
     Duration::from_millis(ticks * 10)
 }
 
+/// Resident memory of a process (`self` or a pid), from `/proc`.
 fn rss_mib_of(process: &str) -> f64 {
     status_mib(process, "VmRSS:")
 }

@@ -186,6 +186,9 @@ struct Scripts {
     transition: Script,
     get_claim: Script,
     drop_lease: Script,
+    /// The drop's text, for a cluster's pipelines: sent by hash, a drop answered NOSCRIPT by
+    /// its own node would have every group of its write resent, the script that ran included.
+    drop_lease_text: String,
     put_ticket: Script,
     decide_ticket: Script,
 }
@@ -197,6 +200,7 @@ impl Scripts {
             transition: Script::new(&format!("{NOW_MS}{DROP_LEASE_FN}{TRANSITION_BODY}")),
             get_claim: Script::new(&format!("{NOW_MS}{GET_CLAIM_BODY}")),
             drop_lease: Script::new(&format!("{DROP_LEASE_FN}{DROP_LEASE_BODY}")),
+            drop_lease_text: format!("{DROP_LEASE_FN}{DROP_LEASE_BODY}"),
             put_ticket: Script::new(PUT_TICKET),
             decide_ticket: Script::new(DECIDE_TICKET),
         }
@@ -588,8 +592,8 @@ impl RedisStore {
     /// Drops `slot`'s lease index entry if its lease is no later than `until_ms`, as a command
     /// of a pipeline.
     fn drop_lease_entry(&self, slot: &str, until_ms: u64) -> Cmd {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(self.scripts.drop_lease.get_hash())
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(&self.scripts.drop_lease_text)
             .arg(1)
             .arg(LEASES)
             .arg(slot)
@@ -660,7 +664,6 @@ impl RedisStore {
             {
                 self.scripts.claim.load_async(connection).await?;
                 self.scripts.transition.load_async(connection).await?;
-                self.scripts.drop_lease.load_async(connection).await?;
                 self.send_once(&pipelines, connection).await
             }
             other => other,
