@@ -516,12 +516,10 @@ fn write_secret(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let colours = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    use tracing_subscriber::layer::{Layer, SubscriberExt};
+    use tracing_subscriber::layer::Layer;
     use tracing_subscriber::util::SubscriberInitExt;
     let filter = tracing_subscriber::EnvFilter::try_from_env("OBOL_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let heard =
-        tracing_subscriber::filter::filter_fn(|event| !obol::names::silenced(event.target()));
     // Both formats write through the one escaping writer; JSON escapes control characters in
     // its strings itself, so the writer only ever sees them in text lines.
     let output = match cli.log_format {
@@ -546,10 +544,11 @@ fn main() -> ExitCode {
     };
     #[cfg(not(feature = "otlp"))]
     let exporter: Option<Box<dyn Layer<_> + Send + Sync>> = None;
-    tracing_subscriber::registry()
-        .with(output.with_filter(filter).with_filter(heard))
-        .with(exporter)
-        .init();
+    obol::telemetry::subscriber(
+        output.with_filter(obol::telemetry::log_filter(filter)),
+        exporter,
+    )
+    .init();
     match run(cli.command, Output::of(cli.json)) {
         Ok(code) => code,
         Err(error) => {

@@ -109,3 +109,70 @@ where
         .boxed();
     Ok(Some((layer, Exporting(provider))))
 }
+
+/// What the log lines take: what `levels` (`OBOL_LOG`) enables, except the crates whose lines
+/// could carry a URL's secrets ([`crate::names::silenced`]). One filter with both conditions:
+/// stacked as two, the outer one alone (which passes every span) would enable the lifecycle's
+/// trace spans for the log lines, and each call would build them for no one.
+pub fn log_filter<S>(
+    levels: tracing_subscriber::EnvFilter,
+) -> impl tracing_subscriber::layer::Filter<S>
+where
+    S: tracing::Subscriber + for<'span> tracing_subscriber::registry::LookupSpan<'span>,
+{
+    use tracing_subscriber::filter::FilterExt;
+    levels.and(tracing_subscriber::filter::filter_fn(|metadata| {
+        !crate::names::silenced(metadata.target())
+    }))
+}
+
+/// The process's subscriber: `logs`, and `exporter` when there is one. Without an exporter
+/// nothing stands in for it: an empty `Option` layer would enable every span, and each call
+/// would build its spans in the registry and enter them on every poll for no one.
+pub fn subscriber<L, E>(logs: L, exporter: Option<E>) -> Box<dyn tracing::Subscriber + Send + Sync>
+where
+    L: tracing_subscriber::Layer<tracing_subscriber::Registry> + Send + Sync + 'static,
+    E: tracing_subscriber::Layer<
+            tracing_subscriber::layer::Layered<L, tracing_subscriber::Registry>,
+        > + Send
+        + Sync
+        + 'static,
+{
+    use tracing_subscriber::layer::SubscriberExt;
+    let logging = tracing_subscriber::registry().with(logs);
+    match exporter {
+        Some(exporter) => Box::new(logging.with(exporter)),
+        None => Box::new(logging),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::filter::{EnvFilter, Targets};
+
+    fn logs() -> impl tracing_subscriber::Layer<tracing_subscriber::Registry> + Send + Sync {
+        tracing_subscriber::fmt::layer()
+            .with_writer(std::io::sink)
+            .with_filter(log_filter(EnvFilter::new("info")))
+    }
+
+    /// The module's promise: with no exporter a call's spans are disabled (the log lines do not
+    /// take trace spans at `info`), so nothing is built for them; an exporter takes them.
+    #[test]
+    fn without_an_exporter_a_calls_spans_are_disabled() {
+        let none: Option<tracing_subscriber::layer::Identity> = None;
+        tracing::subscriber::with_default(subscriber(logs(), none), || {
+            assert!(call_span(None).is_disabled());
+            assert!(phase_span("claim").is_disabled());
+        });
+        let exporter = tracing_subscriber::fmt::layer()
+            .with_writer(std::io::sink)
+            .with_filter(Targets::new().with_target("obol::telemetry", tracing::Level::TRACE));
+        tracing::subscriber::with_default(subscriber(logs(), Some(exporter)), || {
+            assert!(!call_span(None).is_disabled());
+            assert!(!phase_span("claim").is_disabled());
+        });
+    }
+}
