@@ -127,8 +127,8 @@ where
 }
 
 /// The process's subscriber: `logs`, and `exporter` when there is one. Without an exporter
-/// nothing stands in for it: an empty `Option` layer would enable every span, and each call
-/// would build its spans in the registry and enter them on every poll for no one.
+/// nothing stands in for it: an empty `Option` layer enables nothing, but it keeps every
+/// callsite asking on each use instead of being known as disabled once.
 pub fn subscriber<L, E>(logs: L, exporter: Option<E>) -> Box<dyn tracing::Subscriber + Send + Sync>
 where
     L: tracing_subscriber::Layer<tracing_subscriber::Registry> + Send + Sync + 'static,
