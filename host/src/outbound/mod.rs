@@ -36,7 +36,7 @@ impl Prepared {
         secret: Option<&SecretRef>,
         broker: Option<&crate::broker::Profile>,
     ) -> Result<Prepared, ObolError> {
-        let url = reqwest::Url::parse(&template.url).map_err(|_| {
+        let url = base_url.parse_request_url(&template.url).map_err(|_| {
             ObolError::InvalidOutboundRequest("the request URL does not parse".into())
         })?;
         if url.origin() != base_url.url().origin()
