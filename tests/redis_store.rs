@@ -820,3 +820,154 @@ async fn a_write_that_loses_its_race_leaves_no_index_entries() {
         "a lost final write left a pointer to no receipt"
     );
 }
+
+/// Finalizes a call in `acme`, one in `globex` and another in `acme`, and records a refusal
+/// in `acme`; returns their receipt ids in that order and the calls' claim keys.
+async fn three_calls_and_a_refusal(
+    store: &obol::store::Store,
+) -> (Vec<String>, Vec<obol::store::ClaimKey>) {
+    use obol::store::contract::{key, receipt, record};
+    use obol::store::{OutcomeClass, ResultJson, StoredOutcome};
+    let (mut ids, mut keys) = (Vec::new(), Vec::new());
+    for (n, workspace) in [(1, "acme"), (2, "globex"), (3, "acme")] {
+        let mut k = key(n);
+        k.workspace = workspace.into();
+        let mut claimed = record();
+        claimed.receipt_id = format!("rcp_audit{n}_{}", claimed.receipt_id);
+        assert_eq!(
+            store.claim(&k, &claimed).await.unwrap(),
+            obol::store::Claim::Acquired
+        );
+        let done = claimed.finalize(StoredOutcome {
+            class: OutcomeClass::Accepted,
+            vendor_status: Some(200),
+            response: Ok(ResultJson::of(&json!({"content": [], "isError": false}))),
+        });
+        let written = receipt(&claimed, &k);
+        assert!(store.finalize(&k, &claimed, &done, &written).await.unwrap());
+        ids.push(written.id);
+        keys.push(k);
+    }
+    let mut refused = receipt(&record(), &key(4));
+    refused.id = "rcp_audit_refused".into();
+    refused.refusal = true;
+    store.record_refusal(&refused).await.unwrap();
+    ids.push(refused.id);
+    (ids, keys)
+}
+
+/// A stream's entries: each one's `event` field, parsed.
+fn audit_events(connection: &mut dyn redis::ConnectionLike, stream: &str) -> Vec<Value> {
+    let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+        .arg(stream)
+        .arg("-")
+        .arg("+")
+        .query(connection)
+        .unwrap();
+    entries
+        .into_iter()
+        .map(|(_, fields)| serde_json::from_str(&fields[0].1).unwrap_or(Value::Null))
+        .collect()
+}
+
+fn receipt_ids(events: &[Value]) -> Vec<&str> {
+    events
+        .iter()
+        .map(|event| event["receipt_id"].as_str().unwrap_or("(none)"))
+        .collect()
+}
+
+/// On one server a workspace's audit records, calls and refusals alike, are one stream
+/// (`obol:audit:<workspace>`), in the order they were written and trimmed to the retention by
+/// the server's clock. Each call's record used to be a stream of its own in the claim's slot:
+/// about 4.7 KiB of Redis memory a call (a stream node each) for one entry no one could find
+/// without the slot; a shared stream keeps about 200 bytes an entry. Refusals had a stream of
+/// their own, never trimmed by age.
+#[tokio::test]
+async fn a_workspaces_audit_records_are_one_stream_on_a_server() {
+    let redis = RedisServer::start();
+    let store = obol::store::Store::Redis(
+        obol::store::RedisStore::connect(&redis.url())
+            .await
+            .unwrap(),
+    );
+    let mut connection = redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    // Entries from long past the retention, filling three of the stream's nodes (100 entries
+    // each, Redis's default), then entries an hour old: the next write trims the first, keeps
+    // the second.
+    let hour_ago = obol::clock::now_ms() - 3_600_000;
+    let ids: Vec<String> = (1..=300)
+        .map(|ms| format!("{ms}-0"))
+        .chain((0..5).map(|n| format!("{hour_ago}-{n}")))
+        .collect();
+    for id in &ids {
+        let _: String = redis::cmd("XADD")
+            .arg("obol:audit:acme")
+            .arg(id)
+            .arg("event")
+            .arg(json!({"receipt_id": format!("rcp_old_{id}")}).to_string())
+            .query(&mut connection)
+            .unwrap();
+    }
+    let (ids, _) = three_calls_and_a_refusal(&store).await;
+
+    let acme = audit_events(&mut connection, "obol:audit:acme");
+    let kept: Vec<String> = (0..5).map(|n| format!("rcp_old_{hour_ago}-{n}")).collect();
+    let mut expected: Vec<&str> = kept.iter().map(String::as_str).collect();
+    expected.extend([ids[0].as_str(), ids[2].as_str(), ids[3].as_str()]);
+    assert_eq!(
+        receipt_ids(&acme),
+        expected,
+        "acme's audit stream: entries past the retention trimmed, the rest kept, in order"
+    );
+    assert_eq!(acme[5]["tool"], json!("stripe.create_refund"));
+    assert_eq!(acme[5]["outcome"], json!("accepted"));
+    assert_eq!(acme[5]["attempt_count"], json!(1));
+    let globex = audit_events(&mut connection, "obol:audit:globex");
+    assert_eq!(receipt_ids(&globex), [ids[1].as_str()]);
+    let ttl: i64 = redis::cmd("TTL")
+        .arg("obol:audit:acme")
+        .query(&mut connection)
+        .unwrap();
+    assert!(
+        ttl > 0,
+        "the audit stream lives as long as the retention: {ttl}"
+    );
+    let per_call: Vec<String> = redis::cmd("KEYS")
+        .arg("obol:{*}:audit")
+        .query(&mut connection)
+        .unwrap();
+    assert_eq!(per_call, Vec::<String>::new(), "per-call audit streams");
+}
+
+/// On a cluster a script reaches only its claim's slot: a call's audit record stays in its
+/// claim's own stream, written in the same script as its receipt; a refusal's (no claim)
+/// goes to its workspace's stream, as on one server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_a_calls_audit_record_is_written_with_its_receipt() {
+    let cluster = RedisCluster::start();
+    let store = obol::store::Store::Redis(
+        obol::store::RedisStore::connect_cluster(&cluster.urls())
+            .await
+            .unwrap(),
+    );
+    let mut connection = redis::cluster::ClusterClient::new(cluster.urls())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let (ids, keys) = three_calls_and_a_refusal(&store).await;
+    for (id, key) in ids.iter().zip(&keys) {
+        let own = audit_events(&mut connection, &format!("obol:{{{}}}:audit", key.slot()));
+        assert_eq!(
+            receipt_ids(&own),
+            [id.as_str()],
+            "{}'s own stream",
+            key.slot()
+        );
+    }
+    let acme = audit_events(&mut connection, "obol:audit:acme");
+    assert_eq!(receipt_ids(&acme), [ids[3].as_str()], "acme's refusals");
+}

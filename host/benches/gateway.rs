@@ -145,6 +145,22 @@ impl Redis {
         cpu_with_children_of(&self.child.id().to_string())
     }
 
+    /// The memory the server's data takes (`INFO memory`'s `used_memory`), in MiB.
+    fn used_mib(&self) -> Option<f64> {
+        let info = std::process::Command::new("redis-cli")
+            .args(["-p", &self.port.to_string(), "INFO", "memory"])
+            .output()
+            .ok()?;
+        let text = String::from_utf8(info.stdout).ok()?;
+        let bytes: f64 = text
+            .lines()
+            .find_map(|line| line.strip_prefix("used_memory:"))?
+            .trim()
+            .parse()
+            .ok()?;
+        Some(bytes / (1 << 20) as f64)
+    }
+
     /// Three durable primaries made one Redis Cluster (for what a cluster's extra round
     /// trips cost).
     fn cluster() -> Vec<Redis> {
@@ -1869,7 +1885,7 @@ async fn outside(redis: &Redis) {
 /// `OBOL_BENCH=soak`: the outside rig's embedded gateway (`OBOL_SOAK_STORE=redis`: its Redis
 /// gateway) under steady load (`OBOL_SOAK_CONCURRENCY`, default 16) for `OBOL_SOAK_MINUTES`
 /// (default 10). Every minute: calls, latency, the gateway's RSS (anonymous and file pages),
-/// open fds, and the store file's size.
+/// open fds, and the store's size (the embedded file's, or the memory Redis's data takes).
 async fn soak(redis: &Redis) {
     let number = |name: &str, default: u64| {
         std::env::var(name)
@@ -1887,6 +1903,10 @@ async fn soak(redis: &Redis) {
         .unwrap();
     let rig = Rig::start(redis, &http).await;
     let gateway = &rig.gateways[usize::from(on_redis)];
+    let store_mib = || match on_redis {
+        true => redis.used_mib(),
+        false => gateway.store_mib(),
+    };
     println!(
         "\nsoak: {} gateway (obol serve), c={concurrency}, {minutes} min of stripe.charges.list",
         gateway.name
@@ -1895,7 +1915,7 @@ async fn soak(redis: &Redis) {
         "  idle: RSS {:.1} MiB, {} open fds, store {:.1} MiB",
         rss_mib_of(&gateway.pid()),
         gateway.open_fds(),
-        gateway.store_mib().unwrap_or(0.0)
+        store_mib().unwrap_or(0.0)
     );
     println!(
         "  {:>6} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} {:>11}",
@@ -1924,14 +1944,15 @@ async fn soak(redis: &Redis) {
         let (p50, p99) = percentiles(&mut taken);
         let (rss, fds) = (rss_mib_of(&gateway.pid()), gateway.open_fds());
         let (anon, file) = resident_anon_and_file_mib(&gateway.pid());
+        let store = store_mib().unwrap_or(f64::NAN);
         println!(
             "  {minute:>6} {total:>10} {:>9.0} {:>9} {:>9} {rss:>9.1} {anon:>9.1} {file:>9.1} {fds:>6} {:>11.1}",
             taken.len() as f64 / 60.0,
             us(p50),
             us(p99),
-            gateway.store_mib().unwrap_or(0.0)
+            store
         );
-        rows.push((total, rss, fds, gateway.store_mib().unwrap_or(0.0)));
+        rows.push((total, rss, fds, store));
     }
     stop.store(true, Ordering::Relaxed);
     for worker in workers {

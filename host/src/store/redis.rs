@@ -45,6 +45,19 @@ end
 
 const DROP_LEASE_BODY: &str = "drop_lease(KEYS[1], ARGV[1], ARGV[2])\nreturn 0\n";
 
+/// Appends an audit record to a stream and trims the stream to the retention: entries whose
+/// id (the server's time when each was added) is older than `now` - the retention, in whole
+/// nodes (`~`: cheap, may keep a few older entries until their node is all old). The stream
+/// itself expires a retention after its last record.
+const APPEND_AUDIT_FN: &str = r"
+local function append_audit(stream, event, now, retention_s)
+  redis.call('XADD', stream, 'MINID', '~', now - tonumber(retention_s) * 1000, '*', 'event', event)
+  redis.call('EXPIRE', stream, retention_s)
+end
+";
+
+const APPEND_AUDIT_BODY: &str = "append_audit(KEYS[1], ARGV[1], now, ARGV[2])\nreturn 0\n";
+
 /// Leases live on the server's clock: a reservation stores `l`, the server time its lease
 /// ends (`TIME` + the remaining lease the gateway asks for), and every read returns `l` with
 /// the server's time, so a reader judges a lease by the server's clock, never its own. (Since
@@ -78,10 +91,12 @@ return {redis.call('HGET', KEYS[1], 'r') or false, redis.call('HGET', KEYS[1], '
 /// -1: the record is gone (never a lost race); 0: another version is stored; 1: done (also
 /// when this very write, by its write id, is already stored: a resend after a lost reply).
 /// The claim record is written last, so a script that fails part-way never leaves a finalized
-/// claim without its receipt. On one server (`KEYS[4]`, the lease index, and with a receipt
-/// `KEYS[5]`, the workspace's listing, and `KEYS[6]`, the receipt's pointer) the script also
-/// writes the lease index entry of a new reservation or drops the one this transition leaves,
-/// and lists the receipt before writing it.
+/// claim without its receipt. With a receipt it appends the audit record to `KEYS[3]` (see
+/// [`audit_stream`]), trimmed to the retention by the server's clock. On one server
+/// (`KEYS[4]`, the lease index, and with a receipt `KEYS[5]`, the workspace's listing, and
+/// `KEYS[6]`, the receipt's pointer) the script also writes the lease index entry of a new
+/// reservation or drops the one this transition leaves, and lists the receipt before writing
+/// it.
 const TRANSITION_BODY: &str = r"
 local v = redis.call('HGET', KEYS[1], 'v')
 if not v then return -1 end
@@ -107,8 +122,7 @@ if ARGV[5] ~= '' then
     redis.call('EXPIRE', KEYS[5], ARGV[4])
   end
   redis.call('SET', KEYS[2], ARGV[5], 'EX', ARGV[4])
-  redis.call('XADD', KEYS[3], 'MAXLEN', '~', '1000', '*', 'event', ARGV[6])
-  redis.call('EXPIRE', KEYS[3], ARGV[4])
+  append_audit(KEYS[3], ARGV[6], now, ARGV[4])
 end
 redis.call('HSET', KEYS[1], 'v', ARGV[2], 'r', ARGV[3], 'w', ARGV[8])
 if ARGV[7] ~= '' then
@@ -189,6 +203,9 @@ struct Scripts {
     /// The drop's text, for a cluster's pipelines: sent by hash, a drop answered NOSCRIPT by
     /// its own node would have every group of its write resent, the script that ran included.
     drop_lease_text: String,
+    /// A refusal's audit record, sent as text: it is the only script of its write, and by
+    /// text it never meets a NOSCRIPT that would resend the write.
+    append_audit_text: String,
     put_ticket: Script,
     decide_ticket: Script,
 }
@@ -197,10 +214,13 @@ impl Scripts {
     fn new() -> Scripts {
         Scripts {
             claim: Script::new(&format!("{NOW_MS}{CLAIM_BODY}")),
-            transition: Script::new(&format!("{NOW_MS}{DROP_LEASE_FN}{TRANSITION_BODY}")),
+            transition: Script::new(&format!(
+                "{NOW_MS}{DROP_LEASE_FN}{APPEND_AUDIT_FN}{TRANSITION_BODY}"
+            )),
             get_claim: Script::new(&format!("{NOW_MS}{GET_CLAIM_BODY}")),
             drop_lease: Script::new(&format!("{DROP_LEASE_FN}{DROP_LEASE_BODY}")),
             drop_lease_text: format!("{DROP_LEASE_FN}{DROP_LEASE_BODY}"),
+            append_audit_text: format!("{NOW_MS}{APPEND_AUDIT_FN}{APPEND_AUDIT_BODY}"),
             put_ticket: Script::new(PUT_TICKET),
             decide_ticket: Script::new(DECIDE_TICKET),
         }
@@ -467,7 +487,6 @@ struct ClaimKeys {
     slot: String,
     claim: String,
     receipt: String,
-    audit: String,
 }
 
 fn claim_key(key: &ClaimKey) -> ClaimKeys {
@@ -475,9 +494,25 @@ fn claim_key(key: &ClaimKey) -> ClaimKeys {
     ClaimKeys {
         claim: format!("obol:{{{slot}}}:claim"),
         receipt: format!("obol:{{{slot}}}:receipt"),
-        audit: format!("obol:{{{slot}}}:audit"),
         slot,
     }
+}
+
+/// Where a claim's audit records go. On one server, its workspace's stream
+/// ([`workspace_audit`]), which the transition script can reach. On a cluster a script
+/// reaches only its own slot, so a stream of the claim's own (written beside the script, the
+/// record would be a second write, acknowledged apart from the receipt's, and resent on its
+/// own): each holds a stream node of its own, about 4.7 KiB of Redis memory a call.
+fn audit_stream(key: &ClaimKey, slot: &str, entries: Entries) -> String {
+    match entries {
+        Entries::InScript => workspace_audit(&key.workspace),
+        Entries::Beside => format!("obol:{{{slot}}}:audit"),
+    }
+}
+
+/// A workspace's audit stream: its calls' records on one server, its refusals' everywhere.
+fn workspace_audit(workspace: &str) -> String {
+    format!("obol:audit:{workspace}")
 }
 
 /// A reservation's lease index entry. GT: a racer that loses the compare-and-set cannot
@@ -902,8 +937,9 @@ impl RedisStore {
             slot,
             claim,
             receipt: receipt_key,
-            audit: audit_key,
         } = claim_key(key);
+        let entries = self.server.entries();
+        let audit_key = audit_stream(key, &slot, entries);
         let receipt_json = receipt
             .map(serde_json::to_string)
             .transpose()
@@ -919,7 +955,6 @@ impl RedisStore {
         let mut writes = Writes::default();
         let mut script = redis::cmd("EVALSHA");
         script.arg(self.scripts.transition.get_hash());
-        let entries = self.server.entries();
         match (entries, &listing) {
             (Entries::InScript, Some(listing)) => {
                 script
@@ -1092,15 +1127,13 @@ impl RedisStore {
         writes
             .group()
             .ignore(Cmd::set_ex(&location, json, self.retention_s));
-        let mut event = redis::cmd("XADD");
+        let mut event = redis::cmd("EVAL");
         event
-            .arg(format!("obol:refusals:{}", receipt.workspace))
-            .arg("MAXLEN")
-            .arg("~")
-            .arg(10_000)
-            .arg("*")
-            .arg("event")
-            .arg(serde_json::to_string(&super::AuditEvent::of(receipt)).map_err(failed)?);
+            .arg(&self.scripts.append_audit_text)
+            .arg(1)
+            .arg(workspace_audit(&receipt.workspace))
+            .arg(serde_json::to_string(&super::AuditEvent::of(receipt)).map_err(failed)?)
+            .arg(self.retention_s);
         writes.group().ignore(event);
         self.send(writes, &mut self.connection())
             .await
