@@ -895,9 +895,15 @@ async fn a_workspaces_audit_records_are_one_stream_on_a_server() {
         .unwrap()
         .get_connection()
         .unwrap();
-    // Entries from long past the retention, filling three of the stream's nodes (100 entries
-    // each, Redis's default), then entries an hour old: the next write trims the first, keeps
-    // the second.
+    // Entries from long past the retention, filling 30 of the stream's nodes (10 entries
+    // each, set here: far from the node's byte limit whatever the encoding), then entries an
+    // hour old: the next write trims the first, keeps the second.
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("stream-node-max-entries")
+        .arg(10)
+        .query(&mut connection)
+        .unwrap();
     let hour_ago = obol::clock::now_ms() - 3_600_000;
     let ids: Vec<String> = (1..=300)
         .map(|ms| format!("{ms}-0"))
@@ -944,10 +950,10 @@ async fn a_workspaces_audit_records_are_one_stream_on_a_server() {
 }
 
 /// On a cluster a script reaches only its claim's slot: a call's audit record stays in its
-/// claim's own stream, written in the same script as its receipt; a refusal's (no claim)
-/// goes to its workspace's stream, as on one server.
+/// claim's own stream; a refusal's (no claim) goes to its workspace's stream, as on one
+/// server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn on_a_cluster_a_calls_audit_record_is_written_with_its_receipt() {
+async fn on_a_cluster_a_calls_audit_record_stays_in_its_claims_slot() {
     let cluster = RedisCluster::start();
     let store = obol::store::Store::Redis(
         obol::store::RedisStore::connect_cluster(&cluster.urls())
@@ -970,4 +976,35 @@ async fn on_a_cluster_a_calls_audit_record_is_written_with_its_receipt() {
     }
     let acme = audit_events(&mut connection, "obol:audit:acme");
     assert_eq!(receipt_ids(&acme), [ids[3].as_str()], "acme's refusals");
+}
+
+/// A retention longer than the time since 1970 (the config sets no upper bound) still
+/// finalizes: the audit stream's trim bound used to go negative, an invalid stream id, and
+/// every final write failed after writing the receipt.
+#[tokio::test]
+async fn a_retention_longer_than_the_epoch_still_finalizes() {
+    use obol::store::contract::{key, receipt, record};
+    use obol::store::{OutcomeClass, ResultJson, StoredOutcome};
+    let redis = RedisServer::start();
+    let store = obol::store::Store::Redis(
+        obol::store::RedisStore::connect(&redis.url())
+            .await
+            .unwrap()
+            .with_retention(Duration::from_secs(600_000 * 3600)),
+    );
+    let k = key(1);
+    let claimed = record();
+    assert_eq!(
+        store.claim(&k, &claimed).await.unwrap(),
+        obol::store::Claim::Acquired
+    );
+    let done = claimed.finalize(StoredOutcome {
+        class: OutcomeClass::Accepted,
+        vendor_status: Some(200),
+        response: Ok(ResultJson::of(&json!({"content": [], "isError": false}))),
+    });
+    let finalized = store
+        .finalize(&k, &claimed, &done, &receipt(&claimed, &k))
+        .await;
+    assert!(matches!(finalized, Ok(true)), "{finalized:?}");
 }

@@ -48,10 +48,12 @@ const DROP_LEASE_BODY: &str = "drop_lease(KEYS[1], ARGV[1], ARGV[2])\nreturn 0\n
 /// Appends an audit record to a stream and trims the stream to the retention: entries whose
 /// id (the server's time when each was added) is older than `now` - the retention, in whole
 /// nodes (`~`: cheap, may keep a few older entries until their node is all old). The stream
-/// itself expires a retention after its last record.
+/// itself expires a retention after its last record. (A retention longer than the time
+/// since 1970 trims nothing: a negative bound is no stream id.)
 const APPEND_AUDIT_FN: &str = r"
 local function append_audit(stream, event, now, retention_s)
-  redis.call('XADD', stream, 'MINID', '~', now - tonumber(retention_s) * 1000, '*', 'event', event)
+  local horizon = math.max(0, now - tonumber(retention_s) * 1000)
+  redis.call('XADD', stream, 'MINID', '~', horizon, '*', 'event', event)
   redis.call('EXPIRE', stream, retention_s)
 end
 ";
