@@ -77,11 +77,11 @@ fn main() {
         runtime.block_on(stateless_versus_session());
     }
     if wanted("outside") {
-        runtime.block_on(outside(&redis));
+        runtime.block_on(outside());
     }
     // Not in the default run: ten minutes by default.
     if only.split(',').any(|s| s == "soak") {
-        runtime.block_on(soak(&redis));
+        runtime.block_on(soak());
     }
 }
 
@@ -1524,11 +1524,14 @@ fn spawn_reading(mut command: std::process::Command, prefix: &str) -> (Child, St
 }
 
 /// The deployment shape: a Node vendor and two `obol serve` gateways (embedded store, Redis),
-/// each its own process, reached over loopback.
+/// each its own process, reached over loopback. Each binary's Redis gateway has a
+/// redis-server of its own, so the server's CPU (its append-only-file rewrites included) and
+/// memory are that build's alone.
 struct Rig {
     _vendor: Child,
     vendor: String,
     gateways: Vec<OutsideGateway>,
+    redis: Vec<Redis>,
     _dir: tempfile::TempDir,
 }
 
@@ -1540,10 +1543,12 @@ struct OutsideGateway {
     session: String,
     /// The embedded store's file; `None` on Redis.
     store_file: Option<std::path::PathBuf>,
+    /// Its redis-server, in [`Rig::redis`]; `None` on the embedded store.
+    redis: Option<usize>,
 }
 
 impl Rig {
-    async fn start(redis: &Redis, http: &reqwest::Client) -> Rig {
+    async fn start(http: &reqwest::Client) -> Rig {
         let (vendor_process, port) = spawn_reading(
             {
                 let mut node = std::process::Command::new("node");
@@ -1571,17 +1576,22 @@ impl Rig {
                     .map(|path| (" (baseline)", std::path::PathBuf::from(path))),
             )
             .collect();
+        let redis: Vec<Redis> = binaries.iter().map(|_| Redis::start()).collect();
         for (index, (suffix, binary)) in binaries.iter().enumerate() {
             let store_file = dir.path().join(format!("outside-{index}.redb"));
-            // Each binary's Redis gateway uses a database of its own.
-            let redis_url = format!("{}{index}", redis.url());
-            for (store_name, store, file) in [
+            for (store_name, store, file, server) in [
                 (
                     "embedded",
                     format!("path = {store_file:?}"),
                     Some(store_file.clone()),
+                    None,
                 ),
-                ("Redis", format!("redis_url = {redis_url:?}"), None),
+                (
+                    "Redis",
+                    format!("redis_url = {:?}", redis[index].url()),
+                    None,
+                    Some(index),
+                ),
             ] {
                 let name = format!("{store_name}{suffix}");
                 let config = dir.path().join(format!("{store_name}-{index}.toml"));
@@ -1629,6 +1639,7 @@ token_hash = "{}"
                     url,
                     session,
                     store_file: file,
+                    redis: server,
                 });
             }
         }
@@ -1636,6 +1647,7 @@ token_hash = "{}"
             _vendor: vendor_process,
             vendor,
             gateways,
+            redis,
             _dir: dir,
         }
     }
@@ -1736,12 +1748,12 @@ impl OutsideGateway {
 /// As a deployment runs: the vendor (Node), the gateway (`obol serve`, embedded store and
 /// Redis) and this client in separate processes on loopback. The same Stripe-shaped read,
 /// direct and through Obol, interleaved within each run; medians of 3 runs.
-async fn outside(redis: &Redis) {
+async fn outside() {
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(64)
         .build()
         .unwrap();
-    let rig = Rig::start(redis, &http).await;
+    let rig = Rig::start(&http).await;
     println!(
         "\noutside: vendor (Node), gateway (obol serve) and client in separate processes; stripe.charges.list; interleaved; median of 3 runs"
     );
@@ -1761,9 +1773,8 @@ async fn outside(redis: &Redis) {
     for concurrency in [1usize, 32] {
         let mut runs: Vec<Vec<Figures>> = (0..=rig.gateways.len()).map(|_| Vec::new()).collect();
         let mut cpu: Vec<Vec<Duration>> = vec![Vec::new(); rig.gateways.len()];
-        // redis-server's CPU per call during each Redis gateway's runs, its AOF rewrites
-        // included once they finish (its store's share of the two cores; it serves no one
-        // else meanwhile).
+        // Each Redis gateway's redis-server's CPU per call during its runs, its AOF rewrites
+        // included once they finish (its store's share of the two cores).
         let mut store_cpu: Vec<Vec<Duration>> = vec![Vec::new(); rig.gateways.len()];
         let mut phases = vec![[(0.0, 0.0); 3]; rig.gateways.len()];
         for round in 0..3 {
@@ -1777,12 +1788,13 @@ async fn outside(redis: &Redis) {
             for i in order {
                 let gateway = &rig.gateways[i];
                 let (before, phases_before) = (gateway.cpu(), gateway.phases(&http).await);
-                let store_before = redis.cpu();
+                let server = gateway.redis.map(|index| &rig.redis[index]);
+                let store_before = server.map(Redis::cpu);
                 let figures = load(concurrency, gateway.call(&http)).await;
                 let calls = WARM_UP as f64 + figures.rate * RUN_FOR.as_secs_f64();
                 cpu[i].push((gateway.cpu() - before).div_f64(calls));
-                if gateway.store_file.is_none() {
-                    store_cpu[i].push((redis.cpu() - store_before).div_f64(calls));
+                if let (Some(server), Some(before)) = (server, store_before) {
+                    store_cpu[i].push((server.cpu() - before).div_f64(calls));
                 }
                 let phases_after = gateway.phases(&http).await;
                 for (total, (after, before)) in phases[i]
@@ -1886,7 +1898,7 @@ async fn outside(redis: &Redis) {
 /// gateway) under steady load (`OBOL_SOAK_CONCURRENCY`, default 16) for `OBOL_SOAK_MINUTES`
 /// (default 10). Every minute: calls, latency, the gateway's RSS (anonymous and file pages),
 /// open fds, and the store's size (the embedded file's, or the memory Redis's data takes).
-async fn soak(redis: &Redis) {
+async fn soak() {
     let number = |name: &str, default: u64| {
         std::env::var(name)
             .ok()
@@ -1901,11 +1913,11 @@ async fn soak(redis: &Redis) {
         .pool_max_idle_per_host(64)
         .build()
         .unwrap();
-    let rig = Rig::start(redis, &http).await;
+    let rig = Rig::start(&http).await;
     let gateway = &rig.gateways[usize::from(on_redis)];
-    let store_mib = || match on_redis {
-        true => redis.used_mib(),
-        false => gateway.store_mib(),
+    let store_mib = || match gateway.redis {
+        Some(server) => rig.redis[server].used_mib(),
+        None => gateway.store_mib(),
     };
     println!(
         "\nsoak: {} gateway (obol serve), c={concurrency}, {minutes} min of stripe.charges.list",
