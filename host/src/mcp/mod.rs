@@ -708,6 +708,10 @@ fn answer(
     response
 }
 
+/// Room for a stored result's envelope: `{"jsonrpc":"2.0","id":…,"result":` and `}` around it,
+/// and the event's closing blank line.
+const RAW_ENVELOPE: usize = 64;
+
 /// A JSON-RPC response's text, appended to `out`, and for an error, the status its wire gives
 /// it. An error raised after a claim exists names the claim's key and receipt, so the client
 /// can retry the same logical call.
@@ -717,6 +721,7 @@ fn message(
     claim: Option<&ClaimIdentity>,
     mut out: Vec<u8>,
 ) -> (Option<StatusCode>, Vec<u8>) {
+    use std::io::Write as _;
     /// Borrows the result: a tool's result is written out once, not copied into a new tree.
     #[derive(serde::Serialize)]
     struct Success<'a> {
@@ -735,7 +740,11 @@ fn message(
             (None, out)
         }
         Ok(Outcome::Raw(result)) => {
-            out.extend_from_slice(format!(r#"{{"jsonrpc":"2.0","id":{id},"result":"#).as_bytes());
+            // The whole event in one allocation (a few dozen bytes of envelope, the result,
+            // and the caller's closing blank line), not regrown and copied as it fills.
+            out.reserve(RAW_ENVELOPE + result.len());
+            write!(out, r#"{{"jsonrpc":"2.0","id":{id},"result":"#)
+                .expect("a Vec takes every write");
             out.extend_from_slice(result.as_bytes());
             out.push(b'}');
             (None, out)

@@ -261,8 +261,27 @@ struct Journaled {
 
 impl Journaled {
     fn of(write: Write) -> Result<Journaled, StoreError> {
-        let entry = serde_json::to_vec(&write).map_err(failed)?;
+        let mut entry = Vec::with_capacity(write.rendered_len() + ENTRY_OVERHEAD);
+        serde_json::to_writer(&mut entry, &write).map_err(failed)?;
         Ok(Journaled { write, entry })
+    }
+}
+
+/// Room for a journal entry's own fields beside the JSON it carries already rendered: its
+/// entry is then written in the one allocation, not regrown (and copied) as it fills.
+const ENTRY_OVERHEAD: usize = 256;
+
+impl Write {
+    /// The bytes of the already rendered JSON this write carries (its record, its receipt).
+    fn rendered_len(&self) -> usize {
+        match self {
+            Write::Claim { record, .. } => record.bytes().len(),
+            Write::Transition { next, receipt, .. } => {
+                next.bytes().len() + receipt.as_ref().map_or(0, |r| r.receipt.get().len())
+            }
+            Write::Refusal { receipt } => receipt.receipt.get().len(),
+            _ => 0,
+        }
     }
 }
 
