@@ -91,6 +91,7 @@ pub async fn run(store: &Store) {
     claims_are_created_once(store).await;
     transitions_compare_and_set(store).await;
     finalize_stores_the_receipt(store).await;
+    a_large_result_is_stored_whole(store).await;
     concurrent_claims_have_one_winner(store).await;
     keys_are_independent(store).await;
     tickets_are_written_once_and_decided_once(store).await;
@@ -391,6 +392,30 @@ async fn finalize_stores_the_receipt(store: &Store) {
     });
     assert!(!store.finalize(&k, &r, &stale_next, &stale).await.unwrap());
     assert_eq!(store.receipt("acme", &stale.id).await.unwrap(), None);
+}
+
+/// A result of a few MiB, which JSON escaping can grow several-fold (a control character
+/// becomes six bytes), is recorded and read back whole: larger than the embedded store's
+/// journal, which once refused it, and the call's outcome with it.
+async fn a_large_result_is_stored_whole(store: &Store) {
+    let (k, r) = (key(30), record());
+    store.claim(&k, &r).await.unwrap();
+    let text = "\u{1}".repeat(2 << 20);
+    let done = r.finalize(StoredOutcome {
+        class: OutcomeClass::Accepted,
+        vendor_status: Some(200),
+        response: Ok(ResultJson::of(&serde_json::json!({
+            "content": [{"type": "text", "text": text}],
+            "isError": false,
+        }))),
+    });
+    let receipt = receipt(&r, &k);
+    assert!(store.finalize(&k, &r, &done, &receipt).await.unwrap());
+    assert_eq!(store.get(&k).await.unwrap(), Some(done));
+    assert_eq!(
+        store.receipt("acme", &receipt.id).await.unwrap(),
+        Some(receipt)
+    );
 }
 
 async fn concurrent_claims_have_one_winner(store: &Store) {

@@ -1,7 +1,8 @@
 //! The embedded backend: one redb file, durable across restarts.
 //!
 //! Writes are group-committed by a leader: the writer that finds no commit under way makes
-//! every queued operation durable with one fsync of the journal (`journal.rs`), then applies
+//! the queued operations, up to [`MAX_BATCH_BYTES`] of them, durable with one fsync of the
+//! journal (`journal.rs`; a write larger than the whole journal by a checkpoint), then applies
 //! them to redb, on its own thread, then does the same for whatever queued meanwhile (a
 //! blocking-pool thread takes over after two rounds). Each caller serialises its own journal
 //! entry before queueing it, so the leader, whom every write waits for, only joins them.
@@ -62,6 +63,9 @@ pub const DEFAULT_CACHE_BYTES: usize = 64 << 20;
 
 /// The most operations one group commit takes.
 const MAX_BATCH: usize = 256;
+/// The most journal bytes one group commit takes, beyond its first write: a quarter of the
+/// journal, so that a batch always fits once a checkpoint has started it over.
+const MAX_BATCH_BYTES: usize = JOURNAL_BYTES as usize / 4;
 /// How many group commits a caller alone leads on its own thread before a blocking-pool
 /// thread takes over the rest of the queue.
 const INLINE_ROUNDS: usize = 2;
@@ -1110,7 +1114,7 @@ impl Inner {
                     runtime.spawn_blocking(move || inner.lead(None));
                     return;
                 }
-                let take = queue.ops.len().min(MAX_BATCH);
+                let take = batch_len(&queue.ops);
                 queue.ops.drain(..take).collect()
             };
             done += 1;
@@ -1167,6 +1171,11 @@ impl Inner {
                 // Make room first: a checkpoint starts the journal over.
                 self.checkpoint(writer)?;
             }
+            if !writer.journal.fits(payload.len()) {
+                // Larger than the whole journal (one write: a batch is bounded below it).
+                let applied = self.commit_durably(writer, writes)?;
+                return Ok(answers(batch, applied.into_iter()));
+            }
             let sequence = writer.sequence + 1;
             if let Err(error) = writer.journal.append(sequence, &payload) {
                 // The record may be on disk in part or whole: start a new generation so it is
@@ -1214,15 +1223,39 @@ impl Inner {
         if full || batch.iter().any(|op| matches!(op.work, Work::Publish)) {
             self.publish(writer)?;
         }
-        Ok(batch
-            .iter()
-            .map(|op| match op.work {
-                Work::Write(_) => applied
-                    .next()
-                    .unwrap_or_else(|| Err(failed("a write without a result"))),
-                Work::Publish => Ok(Applied::Published),
-            })
-            .collect())
+        Ok(answers(batch, applied))
+    }
+
+    /// Applies writes the journal cannot hold and makes them durable in redb itself, by a
+    /// checkpoint of their own (a durable commit: a few fsyncs, where the journal's append
+    /// is one). Called with nothing pending: a checkpoint came just before.
+    fn commit_durably(
+        &self,
+        writer: &mut Writer,
+        writes: Vec<&Journaled>,
+    ) -> Result<Vec<Result<Applied, StoreError>>, StoreError> {
+        writer.pending(&self.db)?;
+        // Armed while applying, as for a journaled batch: a panic part-way leaves a
+        // transaction that holds part of it.
+        writer.broken = Some("a write was not applied".into());
+        let pending = writer.pending.as_mut().expect("begun above");
+        pending.writes += writes.len();
+        let results = pending
+            .txn
+            .with_dependent_mut(|_, tables| apply(tables, writes.into_iter()));
+        writer.broken = None;
+        match results {
+            Ok(results) => {
+                self.checkpoint(writer)?;
+                Ok(results)
+            }
+            // Nothing of it was journaled or answered, and everything before it is durable:
+            // dropping the transaction loses nothing acknowledged.
+            Err(error) => {
+                writer.pending = None;
+                Err(error)
+            }
+        }
     }
 
     /// Commits the pending transaction without an fsync: its writes are in the journal.
@@ -1280,6 +1313,40 @@ impl Drop for Inner {
             tracing::error!("the store could not commit its last writes at close: {error}");
         }
     }
+}
+
+/// How many of the queue's first operations the next group commit takes: at most
+/// [`MAX_BATCH`], and no write past [`MAX_BATCH_BYTES`] of journal entries unless it is
+/// the first.
+fn batch_len(ops: &[Op]) -> usize {
+    let mut bytes = 0;
+    let mut take = 0;
+    for op in ops.iter().take(MAX_BATCH) {
+        if let Work::Write(journaled) = &op.work {
+            bytes += journaled.entry.len() + 1;
+            if take > 0 && bytes > MAX_BATCH_BYTES {
+                break;
+            }
+        }
+        take += 1;
+    }
+    take
+}
+
+/// Each operation's answer, in the batch's order: a write's from `applied`, in turn.
+fn answers(
+    batch: &[Op],
+    mut applied: impl Iterator<Item = Result<Applied, StoreError>>,
+) -> Vec<Result<Applied, StoreError>> {
+    batch
+        .iter()
+        .map(|op| match op.work {
+            Work::Write(_) => applied
+                .next()
+                .unwrap_or_else(|| Err(failed("a write without a result"))),
+            Work::Publish => Ok(Applied::Published),
+        })
+        .collect()
 }
 
 /// A batch's journal record: its writes as one JSON array, the bytes `serde_json::to_vec`
@@ -1834,15 +1901,12 @@ mod tests {
         let (before, after) = (key("refused0001"), key("refused0002"));
         let record = claimed("rcp_r");
         store.claim(&before, &record).await.unwrap();
-        let huge = "x".repeat(JOURNAL_BYTES as usize);
+        store.inner.writer.lock().unwrap().journal.refuse_next = true;
         let refused = store
-            .registry_write(Registry::Keys, "huge", &huge, RegistryWrite::Overwrite)
+            .registry_write(Registry::Keys, "huge", "refused", RegistryWrite::Overwrite)
             .await
             .unwrap_err();
-        assert!(
-            refused.0.contains("larger than the store's journal"),
-            "{refused:?}"
-        );
+        assert!(refused.0.contains("the test refused"), "{refused:?}");
         assert!(matches!(
             store.claim(&after, &record).await,
             Ok(Claim::Acquired)
@@ -1859,6 +1923,85 @@ mod tests {
                     .unwrap()
                     .contains_key("huge")
             );
+            assert_eq!(reopened.get(&before).await.unwrap(), Some(record.clone()));
+            assert_eq!(reopened.get(&after).await.unwrap(), Some(record.clone()));
+        }
+    }
+
+    /// Writes queued together whose entries add up to more than the journal holds are each
+    /// committed and survive a crash. Joined into one record, the journal refused it, and
+    /// every write in it failed: at c=32, a batch of calls with results of a few hundred
+    /// kilobytes each.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn writes_larger_together_than_the_journal_are_each_committed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.redb");
+        let store = EmbeddedStore::open(&path).unwrap();
+        let value = "x".repeat(JOURNAL_BYTES as usize / 3);
+        let names: Vec<String> = (0..4).map(|n| format!("large{n}")).collect();
+        // The leader waits for the writer while the four queue, then takes them together.
+        let leader = store.inner.writer.lock().unwrap();
+        let writes: Vec<_> = names
+            .iter()
+            .map(|name| {
+                let (store, name, value) = (store.clone(), name.clone(), value.clone());
+                tokio::spawn(async move {
+                    store
+                        .registry_write(Registry::Keys, &name, &value, RegistryWrite::Overwrite)
+                        .await
+                })
+            })
+            .collect();
+        while store.inner.lock().ops.len() < names.len() {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        drop(leader);
+        for write in writes {
+            write.await.unwrap().unwrap();
+        }
+        let crashed = tempfile::tempdir().unwrap();
+        let copy = crash_copy(&store, &path, crashed.path());
+        for (reopened, which) in [
+            (store, "the store"),
+            (EmbeddedStore::open(&copy).unwrap(), "a crash's copy"),
+        ] {
+            let registry = reopened.registry(Registry::Keys).await.unwrap();
+            for name in &names {
+                let kept = registry.get(name);
+                assert!(
+                    kept == Some(&value),
+                    "{which}: {name} is {:?} bytes",
+                    kept.map(String::len)
+                );
+            }
+        }
+    }
+
+    /// A write larger than the whole journal is made durable in redb itself, between the
+    /// writes before and after it, and a crash after its answer keeps all three. The journal
+    /// refused it before: a tool result of more than 8 MiB as JSON could never be recorded.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_write_larger_than_the_journal_is_made_durable_without_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.redb");
+        let store = EmbeddedStore::open(&path).unwrap();
+        let (before, after) = (key("outsized01"), key("outsized02"));
+        let record = claimed("rcp_o");
+        store.claim(&before, &record).await.unwrap();
+        let huge = "x".repeat(JOURNAL_BYTES as usize + 1);
+        store
+            .registry_write(Registry::Keys, "huge", &huge, RegistryWrite::Overwrite)
+            .await
+            .unwrap();
+        assert!(matches!(
+            store.claim(&after, &record).await,
+            Ok(Claim::Acquired)
+        ));
+        let crashed = tempfile::tempdir().unwrap();
+        let copy = crash_copy(&store, &path, crashed.path());
+        for reopened in [store, EmbeddedStore::open(&copy).unwrap()] {
+            let registry = reopened.registry(Registry::Keys).await.unwrap();
+            assert!(registry.get("huge") == Some(&huge));
             assert_eq!(reopened.get(&before).await.unwrap(), Some(record.clone()));
             assert_eq!(reopened.get(&after).await.unwrap(), Some(record.clone()));
         }
@@ -2126,6 +2269,18 @@ mod tests {
             threads[1], here,
             "with another call waiting: committed off the lane"
         );
+    }
+
+    /// What a crash would leave of `store` (its file and journal at `path`), copied into
+    /// `dir`. Taken while no commit is under way: the leader checkpoints after answering, and
+    /// a copy of the two files made meanwhile could pair a store file from before its
+    /// checkpoint with a journal from after, which no crash leaves.
+    fn crash_copy(store: &EmbeddedStore, path: &Path, dir: &Path) -> std::path::PathBuf {
+        let _idle = store.inner.writer.lock().unwrap();
+        let copy = dir.join("s.redb");
+        std::fs::copy(path, &copy).unwrap();
+        std::fs::copy(journal_path(path), journal_path(&copy)).unwrap();
+        copy
     }
 
     async fn futures_join<F: std::future::Future>(

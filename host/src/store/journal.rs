@@ -41,6 +41,10 @@ pub struct Journal {
     /// Where the next record goes.
     end: u64,
     capacity: u64,
+    /// Makes the next append fail, as a full disk would, for the tests of what a refused
+    /// batch leaves.
+    #[cfg(test)]
+    pub refuse_next: bool,
 }
 
 /// How an append reaches the disk.
@@ -129,6 +133,8 @@ impl Journal {
             generation,
             end: HEADER,
             capacity,
+            #[cfg(test)]
+            refuse_next: false,
         };
         let records = journal.read_generation()?;
         journal.writes = Writes::open(path, &journal.file, journal.end)?;
@@ -199,10 +205,14 @@ impl Journal {
             // would be lost on a restart.
             return Err(std::io::Error::other("an empty record cannot be journaled"));
         }
+        #[cfg(test)]
+        if std::mem::take(&mut self.refuse_next) {
+            return Err(std::io::Error::other("the test refused this append"));
+        }
         let length = RECORD_HEAD as u64 + payload.len() as u64;
         if self.end + length > self.capacity {
-            // Only a record larger than the whole file gets here: the store checkpoints when
-            // the journal is half full.
+            // The store checkpoints when the journal is half full, and makes a batch that
+            // would not fit an empty one durable without it.
             return Err(std::io::Error::other(
                 "a group commit is larger than the store's journal",
             ));
