@@ -398,7 +398,7 @@ async fn finalize_stores_the_receipt(store: &Store) {
 /// becomes six bytes), is recorded and read back whole: larger than the embedded store's
 /// journal, which once refused it, and the call's outcome with it.
 async fn a_large_result_is_stored_whole(store: &Store) {
-    let (k, r) = (key(30), record());
+    let (k, r) = (key(31), record());
     store.claim(&k, &r).await.unwrap();
     let text = "\u{1}".repeat(2 << 20);
     let done = r.finalize(StoredOutcome {

@@ -63,8 +63,8 @@ pub const DEFAULT_CACHE_BYTES: usize = 64 << 20;
 
 /// The most operations one group commit takes.
 const MAX_BATCH: usize = 256;
-/// The most journal bytes one group commit takes, beyond its first write: a quarter of the
-/// journal, so that a batch always fits once a checkpoint has started it over.
+/// The most journal bytes one group commit takes (a first write alone may be larger): a
+/// quarter of the journal, so that a batch always fits once a checkpoint has started it over.
 const MAX_BATCH_BYTES: usize = JOURNAL_BYTES as usize / 4;
 /// How many group commits a caller alone leads on its own thread before a blocking-pool
 /// thread takes over the rest of the queue.
@@ -1227,35 +1227,48 @@ impl Inner {
     }
 
     /// Applies writes the journal cannot hold and makes them durable in redb itself, by a
-    /// checkpoint of their own (a durable commit: a few fsyncs, where the journal's append
-    /// is one). Called with nothing pending: a checkpoint came just before.
+    /// durable commit of their own (a few fsyncs, where the journal's append is one; other
+    /// writes wait meanwhile). Called right after a checkpoint: nothing is pending, and the
+    /// journal, started over, holds nothing a crash would apply again.
     fn commit_durably(
         &self,
         writer: &mut Writer,
         writes: Vec<&Journaled>,
     ) -> Result<Vec<Result<Applied, StoreError>>, StoreError> {
+        debug_assert!(writer.pending.is_none(), "a checkpoint came just before");
         writer.pending(&self.db)?;
-        // Armed while applying, as for a journaled batch: a panic part-way leaves a
-        // transaction that holds part of it.
-        writer.broken = Some("a write was not applied".into());
-        let pending = writer.pending.as_mut().expect("begun above");
-        pending.writes += writes.len();
+        // Armed while applying and committing, as for a journaled batch: a panic part-way
+        // leaves a transaction that holds part of it.
+        writer.broken = Some(UNFINISHED_COMMIT.into());
+        let mut pending = writer.pending.take().expect("begun above");
         let results = pending
             .txn
             .with_dependent_mut(|_, tables| apply(tables, writes.into_iter()));
-        writer.broken = None;
-        match results {
-            Ok(results) => {
-                self.checkpoint(writer)?;
-                Ok(results)
-            }
-            // Nothing of it was journaled or answered, and everything before it is durable:
-            // dropping the transaction loses nothing acknowledged.
+        let results = match results {
+            Ok(results) => results,
+            // Nothing of it was journaled, committed or answered, and everything before it
+            // is durable: dropping the transaction loses nothing acknowledged.
             Err(error) => {
-                writer.pending = None;
-                Err(error)
+                writer.broken = None;
+                return Err(error);
             }
+        };
+        let mut txn = pending.into_transaction();
+        if let Err(error) = txn.set_durability(Durability::Immediate) {
+            writer.broken = None;
+            return Err(failed(error));
         }
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        if let Err(error) = txn.commit() {
+            // A failed durable commit may have reached the disk in part or whole: what it
+            // held is unknown to this process, so the store stops taking writes.
+            writer.broken = Some(error.to_string());
+            return Err(failed(format!(
+                "the store could not commit a write too large for its journal ({error}); restart the gateway"
+            )));
+        }
+        writer.broken = None;
+        Ok(results)
     }
 
     /// Commits the pending transaction without an fsync: its writes are in the journal.
@@ -1912,9 +1925,7 @@ mod tests {
             Ok(Claim::Acquired)
         ));
         let crashed = tempfile::tempdir().unwrap();
-        let copy = crashed.path().join("s.redb");
-        std::fs::copy(&path, &copy).unwrap();
-        std::fs::copy(journal_path(&path), journal_path(&copy)).unwrap();
+        let copy = crash_copy(&store, &path, crashed.path());
         for reopened in [store, EmbeddedStore::open(&copy).unwrap()] {
             assert!(
                 !reopened
@@ -1937,9 +1948,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.redb");
         let store = EmbeddedStore::open(&path).unwrap();
-        let value = "x".repeat(JOURNAL_BYTES as usize / 3);
-        let names: Vec<String> = (0..4).map(|n| format!("large{n}")).collect();
-        // The leader waits for the writer while the four queue, then takes them together.
+        let value = "x".repeat(JOURNAL_BYTES as usize / 3 + 4096);
+        // The second fills the journal past half, and a checkpoint follows; the third is in
+        // the journal only, and a crash's copy applies it again.
+        let names: Vec<String> = (0..3).map(|n| format!("large{n}")).collect();
+        // The leader waits for the writer while the three queue, then takes them together.
         let leader = store.inner.writer.lock().unwrap();
         let writes: Vec<_> = names
             .iter()
@@ -1961,6 +1974,9 @@ mod tests {
         }
         let crashed = tempfile::tempdir().unwrap();
         let copy = crash_copy(&store, &path, crashed.path());
+        // Each batch took the journal's path (one fsync), not a durable commit of its own.
+        let (_, journaled) = Journal::open(&journal_path(&copy), JOURNAL_BYTES).unwrap();
+        assert_eq!(journaled.len(), 1, "the third write is in the journal");
         for (reopened, which) in [
             (store, "the store"),
             (EmbeddedStore::open(&copy).unwrap(), "a crash's copy"),
