@@ -259,18 +259,27 @@ pub async fn install(
             target
         }
     };
-    let previous = std::fs::read(&target).ok();
     let signature_file = signature_path(&target);
-    let previous_signature = std::fs::read(&signature_file).ok();
     let started = Instant::now();
-    // The signature first: the component is never beside another one's signature for longer
-    // than it takes to rename it in.
-    let written = match &signature {
-        Some(text) => write_atomically(&signature_file, text.as_bytes()),
-        None => remove_if_present(&signature_file),
-    }
-    .and_then(|()| write_atomically(&target, &bytes));
-    written.map_err(|error| {
+    // Read and written, fsyncs included, on the loader thread: not on the lane that serves
+    // this request beside other calls.
+    let files = (target.clone(), signature_file.clone());
+    let (previous, previous_signature) = on_the_loader_thread(move || {
+        let (target, signature_file) = files;
+        let previous = std::fs::read(&target).ok();
+        let previous_signature = std::fs::read(&signature_file).ok();
+        // The signature first: the component is never beside another one's signature for
+        // longer than it takes to rename it in.
+        match &signature {
+            Some(text) => write_atomically(&signature_file, text.as_bytes()),
+            None => remove_if_present(&signature_file),
+        }
+        .and_then(|()| write_atomically(&target, &bytes))
+        .map(|()| (previous, previous_signature))
+    })
+    .await
+    .ok_or(ObolError::Internal)?
+    .map_err(|error| {
         tracing::warn!("writing {}: {error}", target.display());
         ObolError::Internal
     })?;
@@ -287,14 +296,17 @@ pub async fn install(
             .find(|problem| problem.contains(&quoted))
             .cloned()
             .unwrap_or_else(|| "the catalog did not take it".into());
-        let _ = match &previous_signature {
-            Some(previous) => write_atomically(&signature_file, previous),
-            None => remove_if_present(&signature_file),
-        };
-        let _ = match &previous {
-            Some(previous) => write_atomically(&target, previous),
-            None => std::fs::remove_file(&target),
-        };
+        on_the_loader_thread(move || {
+            let _ = match &previous_signature {
+                Some(previous) => write_atomically(&signature_file, previous),
+                None => remove_if_present(&signature_file),
+            };
+            let _ = match &previous {
+                Some(previous) => write_atomically(&target, previous),
+                None => std::fs::remove_file(&target),
+            };
+        })
+        .await;
         reload(gateway).await;
         return Err(ObolError::InvalidAdminRequest(why));
     }
