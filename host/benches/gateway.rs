@@ -145,6 +145,23 @@ impl Redis {
         cpu_with_children_of(&self.child.id().to_string())
     }
 
+    /// Whether the server is rewriting its append-only file, or about to (`INFO persistence`).
+    fn rewriting(&self) -> bool {
+        std::process::Command::new("redis-cli")
+            .args(["-p", &self.port.to_string(), "INFO", "persistence"])
+            .output()
+            .map(|info| {
+                let text = String::from_utf8_lossy(&info.stdout);
+                text.lines().any(|line| {
+                    matches!(
+                        line.trim(),
+                        "aof_rewrite_in_progress:1" | "aof_rewrite_scheduled:1"
+                    )
+                })
+            })
+            .unwrap_or(false)
+    }
+
     /// The memory the server's data takes (`INFO memory`'s `used_memory`), in MiB.
     fn used_mib(&self) -> Option<f64> {
         let info = std::process::Command::new("redis-cli")
@@ -1548,6 +1565,18 @@ struct OutsideGateway {
 }
 
 impl Rig {
+    /// Waits until a run's background work is done: no redis-server rewriting its
+    /// append-only file, no dirty page left for the kernel to write back (an embedded
+    /// gateway's last commits). Otherwise it spills into the next run, whichever gateway that
+    /// is, and a rewrite's CPU counts to the run it finishes in.
+    fn settle(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.redis.iter().any(Redis::rewriting) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = std::process::Command::new("sync").status();
+    }
+
     async fn start(http: &reqwest::Client) -> Rig {
         let (vendor_process, port) = spawn_reading(
             {
@@ -1791,6 +1820,9 @@ async fn outside() {
                 let server = gateway.redis.map(|index| &rig.redis[index]);
                 let store_before = server.map(Redis::cpu);
                 let figures = load(concurrency, gateway.call(&http)).await;
+                // What the run left working (an append-only-file rewrite it started) finishes
+                // and counts to it, not to the next run.
+                rig.settle();
                 let calls = WARM_UP as f64 + figures.rate * RUN_FOR.as_secs_f64();
                 cpu[i].push((gateway.cpu() - before).div_f64(calls));
                 if let (Some(server), Some(before)) = (server, store_before) {
