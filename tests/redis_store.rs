@@ -827,25 +827,10 @@ async fn three_calls_and_a_refusal(
     store: &obol::store::Store,
 ) -> (Vec<String>, Vec<obol::store::ClaimKey>) {
     use obol::store::contract::{key, receipt, record};
-    use obol::store::{OutcomeClass, ResultJson, StoredOutcome};
     let (mut ids, mut keys) = (Vec::new(), Vec::new());
     for (n, workspace) in [(1, "acme"), (2, "globex"), (3, "acme")] {
-        let mut k = key(n);
-        k.workspace = workspace.into();
-        let mut claimed = record();
-        claimed.receipt_id = format!("rcp_audit{n}_{}", claimed.receipt_id);
-        assert_eq!(
-            store.claim(&k, &claimed).await.unwrap(),
-            obol::store::Claim::Acquired
-        );
-        let done = claimed.finalize(StoredOutcome {
-            class: OutcomeClass::Accepted,
-            vendor_status: Some(200),
-            response: Ok(ResultJson::of(&json!({"content": [], "isError": false}))),
-        });
-        let written = receipt(&claimed, &k);
-        assert!(store.finalize(&k, &claimed, &done, &written).await.unwrap());
-        ids.push(written.id);
+        let (id, k) = a_finished_call(store, n, workspace).await;
+        ids.push(id);
         keys.push(k);
     }
     let mut refused = receipt(&record(), &key(4));
@@ -854,6 +839,57 @@ async fn three_calls_and_a_refusal(
     store.record_refusal(&refused).await.unwrap();
     ids.push(refused.id);
     (ids, keys)
+}
+
+/// A redis-server of the test's own, a store on it and a connection of the test's.
+async fn a_server_with_its_store() -> (RedisServer, obol::store::Store, redis::Connection) {
+    let redis = RedisServer::start();
+    let store = obol::store::Store::Redis(
+        obol::store::RedisStore::connect(&redis.url())
+            .await
+            .unwrap(),
+    );
+    let connection = redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    (redis, store, connection)
+}
+
+fn expire(connection: &mut redis::Connection, keys: &[&str], seconds: i64) {
+    for key in keys {
+        let _: () = redis::cmd("EXPIRE")
+            .arg(key)
+            .arg(seconds)
+            .query(connection)
+            .unwrap();
+    }
+}
+
+/// Call `n` of `workspace`, claimed and finalized with a receipt: its receipt id and key.
+async fn a_finished_call(
+    store: &obol::store::Store,
+    n: u32,
+    workspace: &str,
+) -> (String, obol::store::ClaimKey) {
+    use obol::store::contract::{key, receipt, record};
+    use obol::store::{OutcomeClass, ResultJson, StoredOutcome};
+    let mut k = key(n);
+    k.workspace = workspace.into();
+    let mut claimed = record();
+    claimed.receipt_id = format!("rcp_audit{n}_{}", claimed.receipt_id);
+    assert_eq!(
+        store.claim(&k, &claimed).await.unwrap(),
+        obol::store::Claim::Acquired
+    );
+    let done = claimed.finalize(StoredOutcome {
+        class: OutcomeClass::Accepted,
+        vendor_status: Some(200),
+        response: Ok(ResultJson::of(&json!({"content": [], "isError": false}))),
+    });
+    let written = receipt(&claimed, &k);
+    assert!(store.finalize(&k, &claimed, &done, &written).await.unwrap());
+    (written.id, k)
 }
 
 /// A stream's entries: each one's `event` field, parsed.
@@ -885,16 +921,7 @@ fn receipt_ids(events: &[Value]) -> Vec<&str> {
 /// their own, never trimmed by age.
 #[tokio::test]
 async fn a_workspaces_audit_records_are_one_stream_on_a_server() {
-    let redis = RedisServer::start();
-    let store = obol::store::Store::Redis(
-        obol::store::RedisStore::connect(&redis.url())
-            .await
-            .unwrap(),
-    );
-    let mut connection = redis::Client::open(redis.url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
+    let (_redis, store, mut connection) = a_server_with_its_store().await;
     // Entries from long past the retention, filling 30 of the stream's nodes (10 entries
     // each, set here: far from the node's byte limit whatever the encoding), then entries an
     // hour old: the next write trims the first, keeps the second.
@@ -947,6 +974,48 @@ async fn a_workspaces_audit_records_are_one_stream_on_a_server() {
         .query(&mut connection)
         .unwrap();
     assert_eq!(per_call, Vec::<String>::new(), "per-call audit streams");
+}
+
+/// A workspace's receipt listing and audit stream are kept at least a retention past their
+/// newest entry, and at most a tenth of one more; their expiry is renewed only once it has
+/// fallen below the retention. Each renewal is a command in the append-only file, and they
+/// used to be renewed on every call of a busy workspace.
+#[tokio::test]
+async fn a_workspaces_listing_and_stream_are_re_expired_only_below_the_retention() {
+    let (_redis, store, mut connection) = a_server_with_its_store().await;
+    let retention = obol::store::DEFAULT_RETENTION.as_secs() as i64;
+    let keys = ["obol:receipts:acme", "obol:audit:acme"];
+    let ttls = |connection: &mut redis::Connection| -> Vec<i64> {
+        keys.iter()
+            .map(|key| redis::cmd("TTL").arg(key).query(connection).unwrap())
+            .collect()
+    };
+
+    a_finished_call(&store, 1, "acme").await;
+    for ttl in ttls(&mut connection) {
+        assert!(
+            ttl > retention && ttl <= retention + retention / 10,
+            "a new workspace's keys live a retention and a margin: {ttl}"
+        );
+    }
+
+    expire(&mut connection, &keys, retention + 60);
+    a_finished_call(&store, 2, "acme").await;
+    for ttl in ttls(&mut connection) {
+        assert!(
+            ttl <= retention + 60,
+            "an expiry above the retention is left as it is: {ttl}"
+        );
+    }
+
+    expire(&mut connection, &keys, retention - 60);
+    a_finished_call(&store, 3, "acme").await;
+    for ttl in ttls(&mut connection) {
+        assert!(
+            ttl > retention,
+            "an expiry below the retention is renewed: {ttl}"
+        );
+    }
 }
 
 /// On a cluster a script reaches only its claim's slot: a call's audit record stays in its

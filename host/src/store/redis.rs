@@ -47,16 +47,31 @@ end
 
 const DROP_LEASE_BODY: &str = "drop_lease(KEYS[1], ARGV[1], ARGV[2])\nreturn 0\n";
 
+/// Keeps a workspace's key (its audit stream, its receipt listing) at least a retention past
+/// its newest entry, and at most a tenth of one more. Its expiry is renewed only once it has
+/// fallen below the retention, not on every write: each renewal is a command in the
+/// append-only file, and a busy workspace's key would otherwise be re-expired on every call
+/// (two of a finalize's dozen logged commands). Its entries are trimmed by age on each write
+/// whatever the key's expiry.
+const KEEP_FOR_FN: &str = r"
+local function keep_for(key, retention_s)
+  local retention = tonumber(retention_s)
+  if redis.call('TTL', key) < retention then
+    redis.call('EXPIRE', key, retention + math.ceil(retention / 10))
+  end
+end
+";
+
 /// Appends an audit record to a stream and trims the stream to the retention: entries whose
 /// id (the server's time when each was added) is older than `now` - the retention, in whole
 /// nodes (`~`: cheap, may keep a few older entries until their node is all old). The stream
-/// itself expires a retention after its last record. (A retention longer than the time
-/// since 1970 trims nothing: a negative bound is no stream id.)
+/// itself is kept for a retention after its last record ([`KEEP_FOR_FN`]). (A retention
+/// longer than the time since 1970 trims nothing: a negative bound is no stream id.)
 const APPEND_AUDIT_FN: &str = r"
 local function append_audit(stream, event, now, retention_s)
   local horizon = math.max(0, now - tonumber(retention_s) * 1000)
   redis.call('XADD', stream, 'MINID', '~', horizon, '*', 'event', event)
-  redis.call('EXPIRE', stream, retention_s)
+  keep_for(stream, retention_s)
 end
 ";
 
@@ -68,6 +83,16 @@ const APPEND_AUDIT_BODY: &str = "append_audit(KEYS[1], ARGV[1], now, ARGV[2])\nr
 /// Redis 7 scripts replicate their effects, so `TIME` in a script is allowed.)
 const NOW_MS: &str =
     "local t = redis.call('TIME')\nlocal now = t[1] * 1000 + math.floor(t[2] / 1000)\n";
+
+/// The `l` a write stores: where its lease ends, or -1 when none runs, which reads as a
+/// missing `l` does. Written in the record's own `HSET` rather than deleted apart: one
+/// logged command a write instead of two. (Records before it have no `l` once settled.)
+const LEASE_END_FN: &str = r"
+local function lease_end(now, remaining)
+  if remaining == '' then return -1 end
+  return now + tonumber(remaining)
+end
+";
 
 /// `{0}`: claimed. `{1, r, l, now}`: another record is there. Safe to run twice: every write
 /// stores its unique write id `w`, so a client that resends after a lost reply (the cluster
@@ -81,8 +106,7 @@ if v then
   return {1, redis.call('HGET', KEYS[1], 'r'), redis.call('HGET', KEYS[1], 'l') or -1, now}
 end
 if KEYS[2] and ARGV[6] ~= '' then redis.call('ZADD', KEYS[2], 'GT', ARGV[6], ARGV[7]) end
-redis.call('HSET', KEYS[1], 'v', ARGV[2], 'r', ARGV[1], 'w', ARGV[5])
-if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'l', now + tonumber(ARGV[4])) end
+redis.call('HSET', KEYS[1], 'v', ARGV[2], 'r', ARGV[1], 'w', ARGV[5], 'l', lease_end(now, ARGV[4]))
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 return {0}
 ";
@@ -123,17 +147,12 @@ if ARGV[5] ~= '' then
     redis.call('SET', KEYS[6], KEYS[2], 'EX', ARGV[4])
     redis.call('ZADD', KEYS[5], ARGV[13], ARGV[12])
     redis.call('ZREMRANGEBYSCORE', KEYS[5], 0, ARGV[14])
-    redis.call('EXPIRE', KEYS[5], ARGV[4])
+    keep_for(KEYS[5], ARGV[4])
   end
   redis.call('SET', KEYS[2], ARGV[5], 'EX', ARGV[4])
   append_audit(KEYS[3], ARGV[6], now, ARGV[4])
 end
-redis.call('HSET', KEYS[1], 'v', ARGV[2], 'r', ARGV[3], 'w', ARGV[8])
-if ARGV[7] ~= '' then
-  redis.call('HSET', KEYS[1], 'l', now + tonumber(ARGV[7]))
-else
-  redis.call('HDEL', KEYS[1], 'l')
-end
+redis.call('HSET', KEYS[1], 'v', ARGV[2], 'r', ARGV[3], 'w', ARGV[8], 'l', lease_end(now, ARGV[7]))
 redis.call('EXPIRE', KEYS[1], ARGV[4])
 return 1
 ";
@@ -217,14 +236,14 @@ struct Scripts {
 impl Scripts {
     fn new() -> Scripts {
         Scripts {
-            claim: Script::new(&format!("{NOW_MS}{CLAIM_BODY}")),
+            claim: Script::new(&format!("{NOW_MS}{LEASE_END_FN}{CLAIM_BODY}")),
             transition: Script::new(&format!(
-                "{NOW_MS}{DROP_LEASE_FN}{APPEND_AUDIT_FN}{TRANSITION_BODY}"
+                "{NOW_MS}{LEASE_END_FN}{DROP_LEASE_FN}{KEEP_FOR_FN}{APPEND_AUDIT_FN}{TRANSITION_BODY}"
             )),
             get_claim: Script::new(&format!("{NOW_MS}{GET_CLAIM_BODY}")),
             drop_lease: Script::new(&format!("{DROP_LEASE_FN}{DROP_LEASE_BODY}")),
             drop_lease_text: format!("{DROP_LEASE_FN}{DROP_LEASE_BODY}"),
-            append_audit_text: format!("{NOW_MS}{APPEND_AUDIT_FN}{APPEND_AUDIT_BODY}"),
+            append_audit_text: format!("{NOW_MS}{KEEP_FOR_FN}{APPEND_AUDIT_FN}{APPEND_AUDIT_BODY}"),
             put_ticket: Script::new(PUT_TICKET),
             decide_ticket: Script::new(DECIDE_TICKET),
         }
