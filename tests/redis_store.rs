@@ -892,6 +892,15 @@ async fn a_finished_call(
     (written.id, k)
 }
 
+/// Refusal `n` in `acme` (its receipt id `rcp_refused_<n>`).
+async fn a_refusal(store: &obol::store::Store, n: u32) {
+    use obol::store::contract::{key, receipt, record};
+    let mut refused = receipt(&record(), &key(100 + n));
+    refused.id = format!("rcp_refused_{n}");
+    refused.refusal = true;
+    store.record_refusal(&refused).await.unwrap();
+}
+
 /// A stream's entries: each one's `event` field, parsed.
 fn audit_events(connection: &mut dyn redis::ConnectionLike, stream: &str) -> Vec<Value> {
     let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
@@ -977,13 +986,15 @@ async fn a_workspaces_audit_records_are_one_stream_on_a_server() {
 }
 
 /// A workspace's receipt listing and audit stream are kept at least a retention past their
-/// newest entry, and at most a tenth of one more; their expiry is renewed only once it has
-/// fallen below the retention. Each renewal is a command in the append-only file, and they
-/// used to be renewed on every call of a busy workspace.
+/// newest entry, and at most a tenth of one more; their expiry is renewed, by calls and
+/// refusals alike, only once it has left that window (a new entry, a lowered retention).
+/// Each renewal is a command in the append-only file, and they used to be renewed on every
+/// call of a busy workspace.
 #[tokio::test]
-async fn a_workspaces_listing_and_stream_are_re_expired_only_below_the_retention() {
+async fn a_workspaces_listing_and_stream_are_re_expired_only_outside_their_window() {
     let (_redis, store, mut connection) = a_server_with_its_store().await;
     let retention = obol::store::DEFAULT_RETENTION.as_secs() as i64;
+    let kept = retention + retention / 10;
     let keys = ["obol:receipts:acme", "obol:audit:acme"];
     let ttls = |connection: &mut redis::Connection| -> Vec<i64> {
         keys.iter()
@@ -994,27 +1005,43 @@ async fn a_workspaces_listing_and_stream_are_re_expired_only_below_the_retention
     a_finished_call(&store, 1, "acme").await;
     for ttl in ttls(&mut connection) {
         assert!(
-            ttl > retention && ttl <= retention + retention / 10,
+            ttl > retention && ttl <= kept,
             "a new workspace's keys live a retention and a margin: {ttl}"
         );
     }
 
     expire(&mut connection, &keys, retention + 60);
     a_finished_call(&store, 2, "acme").await;
+    a_refusal(&store, 1).await;
     for ttl in ttls(&mut connection) {
         assert!(
-            ttl <= retention + 60,
-            "an expiry above the retention is left as it is: {ttl}"
+            ttl > retention + 50 && ttl <= retention + 60,
+            "an expiry within the window is left as it is, by a call and a refusal: {ttl}"
         );
     }
 
-    expire(&mut connection, &keys, retention - 60);
-    a_finished_call(&store, 3, "acme").await;
-    for ttl in ttls(&mut connection) {
-        assert!(
-            ttl > retention,
-            "an expiry below the retention is renewed: {ttl}"
-        );
+    for (n, set, why) in [
+        (
+            3,
+            retention - 60,
+            "an expiry below the retention is renewed",
+        ),
+        (
+            4,
+            10 * retention,
+            "an expiry past the window (a lowered retention) is renewed",
+        ),
+    ] {
+        expire(&mut connection, &keys, set);
+        a_finished_call(&store, n, "acme").await;
+        for ttl in ttls(&mut connection) {
+            assert!(ttl > retention && ttl <= kept, "{why}: {ttl}");
+        }
+        expire(&mut connection, &keys, set);
+        a_refusal(&store, n).await;
+        for ttl in ttls(&mut connection) {
+            assert!(ttl > retention && ttl <= kept, "{why} by a refusal: {ttl}");
+        }
     }
 }
 
@@ -1042,6 +1069,13 @@ async fn on_a_cluster_a_calls_audit_record_stays_in_its_claims_slot() {
             "{}'s own stream",
             key.slot()
         );
+        // Kept as long as its claim, not a workspace's margin longer.
+        let ttl: i64 = redis::cmd("TTL")
+            .arg(format!("obol:{{{}}}:audit", key.slot()))
+            .query(&mut connection)
+            .unwrap();
+        let retention = obol::store::DEFAULT_RETENTION.as_secs() as i64;
+        assert!(ttl > retention - 60 && ttl <= retention, "its TTL: {ttl}");
     }
     let acme = audit_events(&mut connection, "obol:audit:acme");
     assert_eq!(receipt_ids(&acme), [ids[3].as_str()], "acme's refusals");

@@ -49,33 +49,38 @@ const DROP_LEASE_BODY: &str = "drop_lease(KEYS[1], ARGV[1], ARGV[2])\nreturn 0\n
 
 /// Keeps a workspace's key (its audit stream, its receipt listing) at least a retention past
 /// its newest entry, and at most a tenth of one more. Its expiry is renewed only once it has
-/// fallen below the retention, not on every write: each renewal is a command in the
-/// append-only file, and a busy workspace's key would otherwise be re-expired on every call
-/// (two of a finalize's dozen logged commands). Its entries are trimmed by age on each write
-/// whatever the key's expiry.
+/// left that window (below: a new entry; above: the retention was lowered), not on every
+/// write: each renewal is a command in the append-only file, and a busy workspace's keys
+/// would otherwise be re-expired on every call (two of a finalize's dozen logged commands).
+/// Its entries are trimmed by age on each write whatever the key's expiry. (A claim's own
+/// keys keep the exact retention: the retention is one policy with the embedded store's.)
 const KEEP_FOR_FN: &str = r"
 local function keep_for(key, retention_s)
   local retention = tonumber(retention_s)
-  if redis.call('TTL', key) < retention then
-    redis.call('EXPIRE', key, retention + math.ceil(retention / 10))
+  local kept = retention + math.ceil(retention / 10)
+  local ttl = redis.call('PTTL', key)
+  if ttl < retention * 1000 or ttl > kept * 1000 then
+    redis.call('EXPIRE', key, kept)
   end
 end
 ";
 
+const KEEP_FOR_BODY: &str = "keep_for(KEYS[1], ARGV[1])\nreturn 0\n";
+
 /// Appends an audit record to a stream and trims the stream to the retention: entries whose
 /// id (the server's time when each was added) is older than `now` - the retention, in whole
-/// nodes (`~`: cheap, may keep a few older entries until their node is all old). The stream
-/// itself is kept for a retention after its last record ([`KEEP_FOR_FN`]). (A retention
-/// longer than the time since 1970 trims nothing: a negative bound is no stream id.)
+/// nodes (`~`: cheap, may keep a few older entries until their node is all old). The caller
+/// sets the stream's expiry. (A retention longer than the time since 1970 trims nothing: a
+/// negative bound is no stream id.)
 const APPEND_AUDIT_FN: &str = r"
 local function append_audit(stream, event, now, retention_s)
   local horizon = math.max(0, now - tonumber(retention_s) * 1000)
   redis.call('XADD', stream, 'MINID', '~', horizon, '*', 'event', event)
-  keep_for(stream, retention_s)
 end
 ";
 
-const APPEND_AUDIT_BODY: &str = "append_audit(KEYS[1], ARGV[1], now, ARGV[2])\nreturn 0\n";
+const APPEND_AUDIT_BODY: &str =
+    "append_audit(KEYS[1], ARGV[1], now, ARGV[2])\nkeep_for(KEYS[1], ARGV[2])\nreturn 0\n";
 
 /// Leases live on the server's clock: a reservation stores `l`, the server time its lease
 /// ends (`TIME` + the remaining lease the gateway asks for), and every read returns `l` with
@@ -120,7 +125,9 @@ return {redis.call('HGET', KEYS[1], 'r') or false, redis.call('HGET', KEYS[1], '
 /// when this very write, by its write id, is already stored: a resend after a lost reply).
 /// The claim record is written last, so a script that fails part-way never leaves a finalized
 /// claim without its receipt. With a receipt it appends the audit record to `KEYS[3]` (see
-/// [`audit_stream`]), trimmed to the retention by the server's clock. On one server
+/// [`audit_stream`]), trimmed to the retention by the server's clock: the workspace's stream
+/// on one server (kept by [`KEEP_FOR_FN`]), the claim's own on a cluster (kept as long as the
+/// claim). On one server
 /// (`KEYS[4]`, the lease index, and with a receipt `KEYS[5]`, the workspace's listing, and
 /// `KEYS[6]`, the receipt's pointer) the script also writes the lease index entry of a new
 /// reservation or drops the one this transition leaves, and lists the receipt before writing
@@ -151,6 +158,11 @@ if ARGV[5] ~= '' then
   end
   redis.call('SET', KEYS[2], ARGV[5], 'EX', ARGV[4])
   append_audit(KEYS[3], ARGV[6], now, ARGV[4])
+  if KEYS[5] then
+    keep_for(KEYS[3], ARGV[4])
+  else
+    redis.call('EXPIRE', KEYS[3], ARGV[4])
+  end
 end
 redis.call('HSET', KEYS[1], 'v', ARGV[2], 'r', ARGV[3], 'w', ARGV[8], 'l', lease_end(now, ARGV[7]))
 redis.call('EXPIRE', KEYS[1], ARGV[4])
@@ -229,6 +241,9 @@ struct Scripts {
     /// A refusal's audit record, sent as text: it is the only script of its write, and by
     /// text it never meets a NOSCRIPT that would resend the write.
     append_audit_text: String,
+    /// [`KEEP_FOR_FN`] for a key written beside a script (a listing on a cluster, or a
+    /// refusal's), sent as text like `append_audit_text`.
+    keep_for_text: String,
     put_ticket: Script,
     decide_ticket: Script,
 }
@@ -244,6 +259,7 @@ impl Scripts {
             drop_lease: Script::new(&format!("{DROP_LEASE_FN}{DROP_LEASE_BODY}")),
             drop_lease_text: format!("{DROP_LEASE_FN}{DROP_LEASE_BODY}"),
             append_audit_text: format!("{NOW_MS}{KEEP_FOR_FN}{APPEND_AUDIT_FN}{APPEND_AUDIT_BODY}"),
+            keep_for_text: format!("{KEEP_FOR_FN}{KEEP_FOR_BODY}"),
             put_ticket: Script::new(PUT_TICKET),
             decide_ticket: Script::new(DECIDE_TICKET),
         }
@@ -1006,7 +1022,7 @@ impl RedisStore {
                     writes.group().ignore(lease_entry(&slot, until));
                 }
                 if let Some(listing) = &listing {
-                    listing.write(&mut writes, &receipt_key, self.retention_s);
+                    listing.write(&mut writes, &receipt_key, self.retention_s, &self.scripts);
                 }
                 script.arg(3).arg(&claim).arg(&receipt_key).arg(&audit_key);
             }
@@ -1146,7 +1162,12 @@ impl RedisStore {
         let location = format!("obol:refusal:{}:{}", receipt.workspace, receipt.id);
         let json = serde_json::to_string(receipt).map_err(failed)?;
         let mut writes = Writes::default();
-        Listing::of(receipt, self.retention_s).write(&mut writes, &location, self.retention_s);
+        Listing::of(receipt, self.retention_s).write(
+            &mut writes,
+            &location,
+            self.retention_s,
+            &self.scripts,
+        );
         writes
             .group()
             .ignore(Cmd::set_ex(&location, json, self.retention_s));
@@ -1528,15 +1549,20 @@ impl<'r> Listing<'r> {
 
     /// As commands of their own slots (the script that writes a claim's receipt writes its
     /// listing itself on one server).
-    fn write(&self, writes: &mut Writes, location: &str, retention_s: u64) {
+    fn write(&self, writes: &mut Writes, location: &str, retention_s: u64, scripts: &Scripts) {
         writes
             .group()
             .ignore(Cmd::set_ex(&self.pointer, location, retention_s));
+        let mut keep = redis::cmd("EVAL");
+        keep.arg(&scripts.keep_for_text)
+            .arg(1)
+            .arg(&self.index)
+            .arg(retention_s);
         writes
             .group()
             .ignore(Cmd::zadd(&self.index, self.id, self.finalized_at_ms))
             .ignore(Cmd::zrembyscore(&self.index, 0, self.horizon_ms))
-            .ignore(Cmd::expire(&self.index, retention_s as i64));
+            .ignore(keep);
     }
 }
 
