@@ -1079,6 +1079,16 @@ async fn on_a_cluster_a_calls_audit_record_stays_in_its_claims_slot() {
     }
     let acme = audit_events(&mut connection, "obol:audit:acme");
     assert_eq!(receipt_ids(&acme), [ids[3].as_str()], "acme's refusals");
+    // A workspace's listing, written beside the scripts here, is kept as on one server.
+    let retention = obol::store::DEFAULT_RETENTION.as_secs() as i64;
+    let ttl: i64 = redis::cmd("TTL")
+        .arg("obol:receipts:acme")
+        .query(&mut connection)
+        .unwrap();
+    assert!(
+        ttl > retention && ttl <= retention + retention / 10,
+        "acme's listing TTL: {ttl}"
+    );
 }
 
 /// A retention longer than the time since 1970 (the config sets no upper bound) still

@@ -51,7 +51,7 @@ const DROP_LEASE_BODY: &str = "drop_lease(KEYS[1], ARGV[1], ARGV[2])\nreturn 0\n
 /// its newest entry, and at most a tenth of one more. Its expiry is renewed only once it has
 /// left that window (below: a new entry; above: the retention was lowered), not on every
 /// write: each renewal is a command in the append-only file, and a busy workspace's keys
-/// would otherwise be re-expired on every call (two of a finalize's dozen logged commands).
+/// would otherwise be re-expired on every call (two more commands a finalize).
 /// Its entries are trimmed by age on each write whatever the key's expiry. (A claim's own
 /// keys keep the exact retention: the retention is one policy with the embedded store's.)
 const KEEP_FOR_FN: &str = r"
@@ -60,7 +60,7 @@ local function keep_for(key, retention_s)
   local kept = retention + math.ceil(retention / 10)
   local ttl = redis.call('PTTL', key)
   if ttl < retention * 1000 or ttl > kept * 1000 then
-    redis.call('EXPIRE', key, kept)
+    redis.call('EXPIRE', key, string.format('%d', kept))
   end
 end
 ";
@@ -75,7 +75,7 @@ const KEEP_FOR_BODY: &str = "keep_for(KEYS[1], ARGV[1])\nreturn 0\n";
 const APPEND_AUDIT_FN: &str = r"
 local function append_audit(stream, event, now, retention_s)
   local horizon = math.max(0, now - tonumber(retention_s) * 1000)
-  redis.call('XADD', stream, 'MINID', '~', horizon, '*', 'event', event)
+  redis.call('XADD', stream, 'MINID', '~', string.format('%d', horizon), '*', 'event', event)
 end
 ";
 
@@ -86,6 +86,11 @@ const APPEND_AUDIT_BODY: &str =
 /// ends (`TIME` + the remaining lease the gateway asks for), and every read returns `l` with
 /// the server's time, so a reader judges a lease by the server's clock, never its own. (Since
 /// Redis 7 scripts replicate their effects, so `TIME` in a script is allowed.)
+///
+/// Every script passes the numbers it computes to commands as formatted integers: Redis
+/// 7.2.0-7.2.4 turn a Lua number that is a multiple of 10^8 into text such as `9.9e+9`
+/// (redis/redis#13113), which `EXPIRE` and `XADD … MINID` refuse and a reader of `l` cannot
+/// parse.
 const NOW_MS: &str =
     "local t = redis.call('TIME')\nlocal now = t[1] * 1000 + math.floor(t[2] / 1000)\n";
 
@@ -95,7 +100,7 @@ const NOW_MS: &str =
 const LEASE_END_FN: &str = r"
 local function lease_end(now, remaining)
   if remaining == '' then return -1 end
-  return now + tonumber(remaining)
+  return string.format('%d', now + tonumber(remaining))
 end
 ";
 
