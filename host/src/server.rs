@@ -149,23 +149,23 @@ pub async fn serve(config: Config, listener: TcpListener) -> anyhow::Result<()> 
         })
 }
 
-/// The idle driver of this machine's cores, and how long a KVM guest's `haltpoll` driver polls
-/// before it halts an idle core.
+/// The idle driver of this machine's cores.
 const IDLE_DRIVER: &str = "/sys/devices/system/cpu/cpuidle/current_driver";
+/// How long a KVM guest's `haltpoll` idle driver polls before it halts an idle core.
 const HALT_POLL_NS: &str = "/sys/module/haltpoll/parameters/guest_halt_poll_ns";
 
 /// Said once at start-up when the cores halt as soon as they are idle on a KVM guest (the
-/// `haltpoll` idle driver with its polling at 0): each of a call's short waits (its two
-/// durable writes, the vendor, the client) then halts the core and waits for the host to
-/// wake it. On the reference machine, polling for up to 200 µs took 166-186 µs off the p50 of
-/// a call through the gateway at concurrency 1 (docs/operations.md, "Latency on virtual
-/// machines"). The gateway does not spin to keep its cores awake itself (ADR-0067).
+/// `haltpoll` idle driver with its polling set to 0; the kernel's default is 200 µs): each of
+/// a call's short waits (its two durable writes, the vendor, the client) then halts the core
+/// and waits for the host to wake it. What that cost on the reference machine, and how to
+/// tune it, is in docs/operations.md ("Latency on virtual machines"); the gateway does not
+/// spin to keep its cores awake itself (ADR-0067).
 fn idle_polling_hint(driver: Option<&str>, poll_ns: Option<&str>) -> Option<&'static str> {
     let polls_for = poll_ns?.trim().parse::<u64>().ok()?;
     (driver?.trim() == "haltpoll" && polls_for == 0).then_some(
         "idle cores halt at once on this virtual machine (cpuidle haltpoll, guest_halt_poll_ns=0): \
-         each wait of a call costs a wake-up through the host; docs/operations.md, \
-         \"Latency on virtual machines\", trades idle CPU for latency",
+         each wait of a call costs a wake-up through the host; see docs/operations.md, \
+         \"Latency on virtual machines\", to trade idle CPU for latency",
     )
 }
 
@@ -193,9 +193,11 @@ mod tests {
 
     #[test]
     fn a_kvm_guest_that_halts_idle_cores_at_once_is_told_so() {
-        let hint = idle_polling_hint(Some("haltpoll\n"), Some("0\n")).expect("a hint");
-        assert!(hint.contains("guest_halt_poll_ns=0"), "{hint}");
-        assert!(hint.contains("Latency on virtual machines"), "{hint}");
+        for (driver, poll_ns) in [("haltpoll\n", "0\n"), ("haltpoll", " 0 ")] {
+            let hint = idle_polling_hint(Some(driver), Some(poll_ns)).expect("a hint");
+            assert!(hint.contains("guest_halt_poll_ns=0"), "{hint}");
+            assert!(hint.contains("Latency on virtual machines"), "{hint}");
+        }
     }
 
     #[test]
