@@ -150,9 +150,9 @@ pub async fn serve(config: Config, listener: TcpListener) -> anyhow::Result<()> 
 }
 
 /// The idle driver of this machine's cores.
-const IDLE_DRIVER: &str = "/sys/devices/system/cpu/cpuidle/current_driver";
+pub const IDLE_DRIVER: &str = "/sys/devices/system/cpu/cpuidle/current_driver";
 /// How long a KVM guest's `haltpoll` idle driver polls before it halts an idle core.
-const HALT_POLL_NS: &str = "/sys/module/haltpoll/parameters/guest_halt_poll_ns";
+pub const HALT_POLL_NS: &str = "/sys/module/haltpoll/parameters/guest_halt_poll_ns";
 
 /// Said once at start-up when the cores halt as soon as they are idle on a KVM guest (the
 /// `haltpoll` idle driver with its polling set to 0; the kernel's default is 200 µs): each of
