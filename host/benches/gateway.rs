@@ -43,7 +43,8 @@ fn main() {
     println!(
         "obol benchmark ({} cores; idle cores: {})\n",
         std::thread::available_parallelism().map_or(0, |n| n.get()),
-        idle_cores()
+        // Moves every c=1 figure (ADR-0067).
+        obol::idle::IdleCores::read()
     );
     // `OBOL_BENCH=guest,store` runs only the named sections.
     let only = std::env::var("OBOL_BENCH").unwrap_or_default();
@@ -2013,24 +2014,5 @@ async fn soak() {
             last.2,
             (last.3 - first.3) * (1 << 20) as f64 / (last.0 - first.0).max(1) as f64
         );
-    }
-}
-
-/// How this machine's idle cores wait, which moves every c=1 figure (ADR-0067): the idle driver
-/// and, under KVM's `haltpoll`, how long a core polls before it halts.
-fn idle_cores() -> String {
-    let read = |path: &str| std::fs::read_to_string(path).map(|text| text.trim().to_owned());
-    match (
-        read(obol::server::IDLE_DRIVER),
-        read(obol::server::HALT_POLL_NS),
-    ) {
-        (Ok(driver), Ok(poll_ns)) if driver == "haltpoll" && poll_ns == "0" => {
-            "driver haltpoll, halting at once (guest_halt_poll_ns=0)".to_owned()
-        }
-        (Ok(driver), Ok(poll_ns)) if driver == "haltpoll" => {
-            format!("driver haltpoll, polling up to {poll_ns} ns before halting")
-        }
-        (Ok(driver), _) => format!("driver {driver}"),
-        (Err(_), _) => "driver unknown".to_owned(),
     }
 }

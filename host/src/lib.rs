@@ -40,6 +40,7 @@ pub mod harness;
 pub mod hotload;
 pub mod http;
 pub mod idempotency;
+pub mod idle;
 pub mod invoke;
 pub mod listener;
 pub mod mcp;

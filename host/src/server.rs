@@ -123,10 +123,7 @@ pub async fn serve(config: Config, listener: TcpListener) -> anyhow::Result<()> 
         .merge(http::router(Arc::clone(&gateway)))
         .merge(http::inbox::router(Arc::clone(&gateway)))
         .merge(http::console::router(Arc::clone(&gateway)));
-    if let Some(hint) = idle_polling_hint(
-        std::fs::read_to_string(IDLE_DRIVER).ok().as_deref(),
-        std::fs::read_to_string(HALT_POLL_NS).ok().as_deref(),
-    ) {
+    if let Some(hint) = crate::idle::IdleCores::read().hint() {
         tracing::info!("{hint}");
     }
     let catalog = gateway.catalog();
@@ -149,26 +146,6 @@ pub async fn serve(config: Config, listener: TcpListener) -> anyhow::Result<()> 
         })
 }
 
-/// The idle driver of this machine's cores.
-pub const IDLE_DRIVER: &str = "/sys/devices/system/cpu/cpuidle/current_driver";
-/// How long a KVM guest's `haltpoll` idle driver polls before it halts an idle core.
-pub const HALT_POLL_NS: &str = "/sys/module/haltpoll/parameters/guest_halt_poll_ns";
-
-/// Said once at start-up when the cores halt as soon as they are idle on a KVM guest (the
-/// `haltpoll` idle driver with its polling set to 0; the kernel's default is 200 µs): each of
-/// a call's short waits (its two durable writes, the vendor, the client) then halts the core
-/// and waits for the host to wake it. What that cost on the reference machine, and how to
-/// tune it, is in docs/operations.md ("Latency on virtual machines"); the gateway does not
-/// spin to keep its cores awake itself (ADR-0067).
-fn idle_polling_hint(driver: Option<&str>, poll_ns: Option<&str>) -> Option<&'static str> {
-    let polls_for = poll_ns?.trim().parse::<u64>().ok()?;
-    (driver?.trim() == "haltpoll" && polls_for == 0).then_some(
-        "idle cores halt at once on this virtual machine (cpuidle haltpoll, guest_halt_poll_ns=0): \
-         each wait of a call costs a wake-up through the host; see docs/operations.md, \
-         \"Latency on virtual machines\", to trade idle CPU for latency",
-    )
-}
-
 /// Ctrl-C, or SIGTERM (what a container runtime or systemd sends).
 async fn stop_signal() {
     let mut terminate =
@@ -185,36 +162,4 @@ async fn stop_signal() {
         _ = terminate.recv() => {}
     }
     tracing::info!("stopping: no new requests; waiting for calls in flight");
-}
-
-#[cfg(test)]
-mod tests {
-    use super::idle_polling_hint;
-
-    #[test]
-    fn a_kvm_guest_that_halts_idle_cores_at_once_is_told_so() {
-        for (driver, poll_ns) in [("haltpoll\n", "0\n"), ("haltpoll", " 0 ")] {
-            let hint = idle_polling_hint(Some(driver), Some(poll_ns)).expect("a hint");
-            assert!(hint.contains("guest_halt_poll_ns=0"), "{hint}");
-            assert!(hint.contains("Latency on virtual machines"), "{hint}");
-        }
-    }
-
-    #[test]
-    fn no_hint_where_idle_cores_poll_or_another_driver_runs() {
-        for (driver, poll_ns) in [
-            (Some("haltpoll\n"), Some("200000\n")),
-            (Some("intel_idle\n"), Some("0\n")),
-            (Some("acpi_idle\n"), None),
-            (None, None),
-            (Some("haltpoll\n"), None),
-            (Some("haltpoll\n"), Some("not a number")),
-        ] {
-            assert_eq!(
-                idle_polling_hint(driver, poll_ns),
-                None,
-                "{driver:?} {poll_ns:?}"
-            );
-        }
-    }
 }
