@@ -1,4 +1,4 @@
-//! How this machine's idle cores wait: read from sysfs once at start-up, so that `obol serve`
+//! How this machine's idle cores wait: read from sysfs and the kernel's command line at start-up, so that `obol serve`
 //! can say when every wait of a call halts a core and wakes it through the host, and the
 //! benchmark can name the regime its figures come from (ADR-0067).
 
@@ -8,20 +8,28 @@ use std::fmt;
 const IDLE_DRIVER: &str = "/sys/devices/system/cpu/cpuidle/current_driver";
 /// How long a KVM guest's `haltpoll` idle driver polls before it halts an idle core.
 const HALT_POLL_NS: &str = "/sys/module/haltpoll/parameters/guest_halt_poll_ns";
-/// The clocks this kernel can use; a KVM guest offers `kvm-clock`.
+/// The clocks this kernel can use: `kvm-clock` registers only where `kvm_para_available()`, the
+/// first condition of the kernel's `haltpoll` idle driver too.
 const CLOCKSOURCES: &str = "/sys/devices/system/clocksource/clocksource0/available_clocksource";
+/// Whether the kernel's built-in `haltpoll` idle driver was told to register (`Y`/`N`); absent
+/// where the kernel has no such driver.
+const HALTPOLL_FORCED: &str = "/sys/module/cpuidle_haltpoll/parameters/force";
+/// The kernel's command line: an `idle=` override keeps every idle driver out.
+const CMDLINE: &str = "/proc/cmdline";
 
 /// How idle cores wait, as far as the latency of a call is concerned.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq)]
 pub enum IdleCores {
     /// KVM's `haltpoll` driver, which polls up to this long before it halts a core (0: it
-    /// halts at once).
+    /// halts at once; under its own `haltpoll` governor, the default one).
     Haltpoll { poll_ns: u64 },
-    /// A KVM guest that runs no idle driver: the kernel halts an idle core at once. The
-    /// kernel's `haltpoll` driver registers itself on a KVM guest only when the host hints a
-    /// real-time guest, or when booted with `cpuidle_haltpoll.force=1`.
+    /// A KVM guest that runs no idle driver and has no `idle=` override: the kernel halts an
+    /// idle core at once. Its built-in `haltpoll` driver registers on a KVM guest only when the
+    /// host hints a real-time guest, or when the guest boots with `cpuidle_haltpoll.force=1`.
     KvmGuestWithoutDriver,
-    /// Any other driver, by name (bare metal's `intel_idle`, `acpi_idle`, …).
+    /// Any other driver, by name (bare metal's `intel_idle`, `acpi_idle`, …), or `none` where
+    /// the `haltpoll` driver could not help (not a KVM guest, a kernel without it, an `idle=`
+    /// override such as `idle=poll`).
     Other(String),
     /// Nothing readable (not Linux, or sysfs not mounted).
     Unknown,
@@ -30,23 +38,31 @@ pub enum IdleCores {
 impl IdleCores {
     pub fn read() -> IdleCores {
         let read = |path| std::fs::read_to_string(path).ok();
-        IdleCores::of(
-            read(IDLE_DRIVER).as_deref(),
-            read(HALT_POLL_NS).as_deref(),
-            read(CLOCKSOURCES).as_deref(),
-        )
+        IdleCores::of(Files {
+            driver: read(IDLE_DRIVER).as_deref(),
+            poll_ns: read(HALT_POLL_NS).as_deref(),
+            clocksources: read(CLOCKSOURCES).as_deref(),
+            haltpoll_forced: read(HALTPOLL_FORCED).as_deref(),
+            cmdline: read(CMDLINE).as_deref(),
+        })
     }
 
-    /// From the three files' text (`None`: unreadable).
-    fn of(driver: Option<&str>, poll_ns: Option<&str>, clocksources: Option<&str>) -> IdleCores {
-        let kvm_guest =
-            clocksources.is_some_and(|all| all.split_whitespace().any(|c| c == "kvm-clock"));
-        match driver.map(str::trim) {
-            Some("haltpoll") => match poll_ns.and_then(|ns| ns.trim().parse().ok()) {
+    fn of(files: Files) -> IdleCores {
+        let kvm_guest = files
+            .clocksources
+            .is_some_and(|all| all.split_whitespace().any(|c| c == "kvm-clock"));
+        let haltpoll_could_register = files.haltpoll_forced.map(str::trim) == Some("N")
+            && files
+                .cmdline
+                .is_some_and(|line| !line.split_whitespace().any(|p| p.starts_with("idle=")));
+        match files.driver.map(str::trim) {
+            Some("haltpoll") => match files.poll_ns.and_then(|ns| ns.trim().parse().ok()) {
                 Some(poll_ns) => IdleCores::Haltpoll { poll_ns },
                 None => IdleCores::Other("haltpoll".into()),
             },
-            Some("none") if kvm_guest => IdleCores::KvmGuestWithoutDriver,
+            Some("none") if kvm_guest && haltpoll_could_register => {
+                IdleCores::KvmGuestWithoutDriver
+            }
             Some(other) if !other.is_empty() => IdleCores::Other(other.into()),
             _ => IdleCores::Unknown,
         }
@@ -56,23 +72,30 @@ impl IdleCores {
     /// a KVM guest: each of a call's waits then costs a wake-up through the host (measured in
     /// ADR-0067). How to change it is in docs/operations.md ("Latency on virtual machines");
     /// the gateway does not spin to keep its cores awake itself.
-    pub fn hint(&self) -> Option<&'static str> {
-        match self {
-            IdleCores::Haltpoll { poll_ns: 0 } => Some(
-                "idle cores halt at once on this virtual machine (cpuidle haltpoll, \
-                 guest_halt_poll_ns=0): each wait of a call costs a wake-up through the host; \
-                 see docs/operations.md, \"Latency on virtual machines\", to trade idle CPU for \
-                 latency",
+    pub fn hint(&self) -> Option<String> {
+        let (why, remedy) = match self {
+            IdleCores::Haltpoll { poll_ns: 0 } => ("cpuidle haltpoll, guest_halt_poll_ns=0", ""),
+            IdleCores::KvmGuestWithoutDriver => (
+                "a KVM guest with no cpuidle driver",
+                "booting with cpuidle_haltpoll.force=1 lets them poll first; ",
             ),
-            IdleCores::KvmGuestWithoutDriver => Some(
-                "idle cores halt at once on this virtual machine (a KVM guest with no cpuidle \
-                 driver): each wait of a call costs a wake-up through the host; booting with \
-                 cpuidle_haltpoll.force=1 lets them poll first, see docs/operations.md, \
-                 \"Latency on virtual machines\"",
-            ),
-            IdleCores::Haltpoll { .. } | IdleCores::Other(_) | IdleCores::Unknown => None,
-        }
+            IdleCores::Haltpoll { .. } | IdleCores::Other(_) | IdleCores::Unknown => return None,
+        };
+        Some(format!(
+            "idle cores halt at once on this virtual machine ({why}): each wait of a call costs \
+             a wake-up through the host; {remedy}see docs/operations.md, \"Latency on virtual \
+             machines\", to trade idle CPU for latency"
+        ))
     }
+}
+
+/// The files [`IdleCores`] is read from, as text (`None`: unreadable or absent).
+struct Files<'a> {
+    driver: Option<&'a str>,
+    poll_ns: Option<&'a str>,
+    clocksources: Option<&'a str>,
+    haltpoll_forced: Option<&'a str>,
+    cmdline: Option<&'a str>,
 }
 
 impl fmt::Display for IdleCores {
@@ -98,93 +121,125 @@ impl fmt::Display for IdleCores {
 
 #[cfg(test)]
 mod tests {
-    use super::IdleCores;
+    use super::{Files, IdleCores};
 
-    const KVM: Option<&str> = Some("tsc kvm-clock \n");
+    /// This project's reference machine on 2026-12-05: a KVM guest with no idle driver, whose
+    /// built-in `haltpoll` driver did not register (its polling is set, but unused).
+    fn reference_machine() -> Files<'static> {
+        Files {
+            driver: Some("none\n"),
+            poll_ns: Some("200000\n"),
+            clocksources: Some("tsc kvm-clock \n"),
+            haltpoll_forced: Some("N\n"),
+            cmdline: Some("console=ttyS0 quiet reboot=k panic=1 nomodule\n"),
+        }
+    }
 
     #[test]
     fn a_kvm_guest_whose_idle_cores_halt_at_once_is_told_so() {
-        for (driver, poll_ns) in [("haltpoll\n", Some("0\n")), ("haltpoll", Some(" 0 "))] {
-            let idle = IdleCores::of(Some(driver), poll_ns, KVM);
+        for poll_ns in ["0\n", " 0 "] {
+            let idle = IdleCores::of(Files {
+                driver: Some("haltpoll\n"),
+                poll_ns: Some(poll_ns),
+                ..reference_machine()
+            });
             assert_eq!(idle, IdleCores::Haltpoll { poll_ns: 0 });
             let hint = idle.hint().expect("a hint");
             assert!(hint.contains("guest_halt_poll_ns=0"), "{hint}");
+            assert!(!hint.contains("force"), "{hint}");
             assert!(hint.contains("Latency on virtual machines"), "{hint}");
         }
-        // This project's reference machine on 2026-12-05: no driver; the built-in haltpoll
-        // driver's polling is set (200000) but unused.
-        let idle = IdleCores::of(Some("none\n"), Some("200000\n"), KVM);
+        let idle = IdleCores::of(reference_machine());
         assert_eq!(idle, IdleCores::KvmGuestWithoutDriver);
         let hint = idle.hint().expect("a hint");
+        assert!(hint.contains("no cpuidle driver"), "{hint}");
         assert!(hint.contains("cpuidle_haltpoll.force=1"), "{hint}");
         assert!(hint.contains("Latency on virtual machines"), "{hint}");
     }
 
     #[test]
-    fn no_hint_where_idle_cores_poll_or_the_machine_is_not_a_kvm_guest() {
-        for (driver, poll_ns, clocksources, expected) in [
+    fn no_hint_where_idle_cores_poll_or_the_haltpoll_driver_could_not_help() {
+        let none = || IdleCores::Other("none".into());
+        for (files, expected) in [
             (
-                Some("haltpoll\n"),
-                Some("200000\n"),
-                KVM,
+                Files {
+                    driver: Some("haltpoll\n"),
+                    ..reference_machine()
+                },
                 IdleCores::Haltpoll { poll_ns: 200_000 },
             ),
             (
-                Some("intel_idle\n"),
-                Some("0\n"),
-                Some("tsc hpet acpi_pm\n"),
+                Files {
+                    driver: Some("intel_idle\n"),
+                    poll_ns: Some("0\n"),
+                    ..reference_machine()
+                },
                 IdleCores::Other("intel_idle".into()),
             ),
-            // No driver, but not a KVM guest: the haltpoll driver would not load there.
+            // Not a KVM guest: the haltpoll driver does not register there.
             (
-                Some("none\n"),
-                None,
-                Some("tsc hpet\n"),
-                IdleCores::Other("none".into()),
+                Files {
+                    clocksources: Some("tsc hpet acpi_pm\n"),
+                    ..reference_machine()
+                },
+                none(),
             ),
-            (Some("none\n"), None, None, IdleCores::Other("none".into())),
+            // Cores that poll all the time, or an override that keeps every driver out.
             (
-                Some("acpi_idle\n"),
-                None,
-                KVM,
-                IdleCores::Other("acpi_idle".into()),
+                Files {
+                    cmdline: Some("quiet idle=poll\n"),
+                    ..reference_machine()
+                },
+                none(),
             ),
-            (None, None, None, IdleCores::Unknown),
-            (Some("\n"), None, KVM, IdleCores::Unknown),
             (
-                Some("haltpoll\n"),
-                None,
-                KVM,
+                Files {
+                    cmdline: Some("idle=halt\n"),
+                    ..reference_machine()
+                },
+                none(),
+            ),
+            // A kernel without the haltpoll driver, or one told to register that did not.
+            (
+                Files {
+                    haltpoll_forced: None,
+                    ..reference_machine()
+                },
+                none(),
+            ),
+            (
+                Files {
+                    haltpoll_forced: Some("Y\n"),
+                    ..reference_machine()
+                },
+                none(),
+            ),
+            (
+                Files {
+                    driver: Some("haltpoll\n"),
+                    poll_ns: Some("not a number"),
+                    ..reference_machine()
+                },
                 IdleCores::Other("haltpoll".into()),
             ),
             (
-                Some("haltpoll\n"),
-                Some("not a number"),
-                KVM,
-                IdleCores::Other("haltpoll".into()),
+                Files {
+                    driver: None,
+                    ..reference_machine()
+                },
+                IdleCores::Unknown,
+            ),
+            (
+                Files {
+                    driver: Some("\n"),
+                    ..reference_machine()
+                },
+                IdleCores::Unknown,
             ),
         ] {
-            let idle = IdleCores::of(driver, poll_ns, clocksources);
-            assert_eq!(idle, expected, "{driver:?} {poll_ns:?} {clocksources:?}");
+            let idle = IdleCores::of(files);
+            assert_eq!(idle, expected);
             assert_eq!(idle.hint(), None, "{idle:?}");
         }
-    }
-
-    #[test]
-    fn the_benchmark_names_each_regime() {
-        let named = |driver, poll_ns| IdleCores::of(Some(driver), poll_ns, KVM).to_string();
-        assert_eq!(
-            named("haltpoll", Some("0")),
-            "driver haltpoll, halting at once (guest_halt_poll_ns=0)"
-        );
-        assert_eq!(
-            named("haltpoll", Some("200000")),
-            "driver haltpoll, polling up to 200000 ns before halting"
-        );
-        assert_eq!(
-            named("none", None),
-            "no driver on a KVM guest, halting at once"
-        );
-        assert_eq!(named("intel_idle", None), "driver intel_idle");
     }
 }
