@@ -1,6 +1,6 @@
-//! How this machine's idle cores wait: read from sysfs and the kernel's command line at start-up, so that `obol serve`
-//! can say when every wait of a call halts a core and wakes it through the host, and the
-//! benchmark can name the regime its figures come from (ADR-0067).
+//! How this machine's idle cores wait: read from sysfs and the kernel's command line at
+//! start-up, so that `obol serve` can say when every wait of a call halts a core and wakes it
+//! through the host, and the benchmark can name the regime its figures come from (ADR-0067).
 
 use std::fmt;
 
@@ -17,6 +17,17 @@ const HALTPOLL_FORCED: &str = "/sys/module/cpuidle_haltpoll/parameters/force";
 /// The kernel's command line: an `idle=` override keeps every idle driver out.
 const CMDLINE: &str = "/proc/cmdline";
 
+/// Whether a KVM guest without an idle driver could have the kernel's `haltpoll` driver: it
+/// registers only when the host hints a real-time guest, or when the guest boots with
+/// `cpuidle_haltpoll.force=1`.
+#[derive(Debug, PartialEq, Eq)]
+pub enum HaltpollDriver {
+    /// Built in and not forced: booting with `cpuidle_haltpoll.force=1` registers it.
+    Forcible,
+    /// Not in this kernel (or a module not loaded), or forced and still not registered.
+    Unavailable,
+}
+
 /// How idle cores wait, as far as the latency of a call is concerned.
 #[derive(Debug, PartialEq, Eq)]
 pub enum IdleCores {
@@ -24,12 +35,13 @@ pub enum IdleCores {
     /// halts at once; under its own `haltpoll` governor, the default one).
     Haltpoll { poll_ns: u64 },
     /// A KVM guest that runs no idle driver and has no `idle=` override: the kernel halts an
-    /// idle core at once. Its built-in `haltpoll` driver registers on a KVM guest only when the
-    /// host hints a real-time guest, or when the guest boots with `cpuidle_haltpoll.force=1`.
-    KvmGuestWithoutDriver,
-    /// Any other driver, by name (bare metal's `intel_idle`, `acpi_idle`, …), or `none` where
-    /// the `haltpoll` driver could not help (not a KVM guest, a kernel without it, an `idle=`
-    /// override such as `idle=poll`).
+    /// idle core at once.
+    KvmGuestWithoutDriver { haltpoll: HaltpollDriver },
+    /// An `idle=` override on the kernel's command line (`idle=poll` polls all the time,
+    /// `idle=halt` halts at once), which keeps the idle drivers out.
+    Override(String),
+    /// Any other driver, by name (bare metal's `intel_idle`, `acpi_idle`, …, or `none` where
+    /// the machine is not a KVM guest).
     Other(String),
     /// Nothing readable (not Linux, or sysfs not mounted).
     Unknown,
@@ -47,22 +59,29 @@ impl IdleCores {
         })
     }
 
+    /// From the files' text (see [`Files`]).
     fn of(files: Files) -> IdleCores {
         let kvm_guest = files
             .clocksources
             .is_some_and(|all| all.split_whitespace().any(|c| c == "kvm-clock"));
-        let haltpoll_could_register = files.haltpoll_forced.map(str::trim) == Some("N")
-            && files
-                .cmdline
-                .is_some_and(|line| !line.split_whitespace().any(|p| p.starts_with("idle=")));
+        let idle_override = files.cmdline.and_then(|line| {
+            line.split_whitespace()
+                .find(|parameter| parameter.starts_with("idle="))
+        });
+        let haltpoll = match files.haltpoll_forced.map(str::trim) {
+            Some("N") => HaltpollDriver::Forcible,
+            _ => HaltpollDriver::Unavailable,
+        };
         match files.driver.map(str::trim) {
             Some("haltpoll") => match files.poll_ns.and_then(|ns| ns.trim().parse().ok()) {
                 Some(poll_ns) => IdleCores::Haltpoll { poll_ns },
                 None => IdleCores::Other("haltpoll".into()),
             },
-            Some("none") if kvm_guest && haltpoll_could_register => {
-                IdleCores::KvmGuestWithoutDriver
-            }
+            Some("none") => match idle_override {
+                Some(parameter) => IdleCores::Override(parameter.into()),
+                None if kvm_guest => IdleCores::KvmGuestWithoutDriver { haltpoll },
+                None => IdleCores::Other("none".into()),
+            },
             Some(other) if !other.is_empty() => IdleCores::Other(other.into()),
             _ => IdleCores::Unknown,
         }
@@ -75,11 +94,20 @@ impl IdleCores {
     pub fn hint(&self) -> Option<String> {
         let (why, remedy) = match self {
             IdleCores::Haltpoll { poll_ns: 0 } => ("cpuidle haltpoll, guest_halt_poll_ns=0", ""),
-            IdleCores::KvmGuestWithoutDriver => (
+            IdleCores::KvmGuestWithoutDriver {
+                haltpoll: HaltpollDriver::Forcible,
+            } => (
                 "a KVM guest with no cpuidle driver",
                 "booting with cpuidle_haltpoll.force=1 lets them poll first; ",
             ),
-            IdleCores::Haltpoll { .. } | IdleCores::Other(_) | IdleCores::Unknown => return None,
+            // Without a remedy to offer, or where cores poll or halt by the operator's choice.
+            IdleCores::KvmGuestWithoutDriver {
+                haltpoll: HaltpollDriver::Unavailable,
+            }
+            | IdleCores::Haltpoll { .. }
+            | IdleCores::Override(_)
+            | IdleCores::Other(_)
+            | IdleCores::Unknown => return None,
         };
         Some(format!(
             "idle cores halt at once on this virtual machine ({why}): each wait of a call costs \
@@ -110,9 +138,10 @@ impl fmt::Display for IdleCores {
                     "driver haltpoll, polling up to {poll_ns} ns before halting"
                 )
             }
-            IdleCores::KvmGuestWithoutDriver => {
+            IdleCores::KvmGuestWithoutDriver { .. } => {
                 write!(f, "no driver on a KVM guest, halting at once")
             }
+            IdleCores::Override(parameter) => write!(f, "{parameter} on the kernel's command line"),
             IdleCores::Other(driver) => write!(f, "driver {driver}"),
             IdleCores::Unknown => write!(f, "driver unknown"),
         }
@@ -121,7 +150,7 @@ impl fmt::Display for IdleCores {
 
 #[cfg(test)]
 mod tests {
-    use super::{Files, IdleCores};
+    use super::{Files, HaltpollDriver, IdleCores};
 
     /// This project's reference machine on 2026-12-05: a KVM guest with no idle driver, whose
     /// built-in `haltpoll` driver did not register (its polling is set, but unused).
@@ -150,7 +179,12 @@ mod tests {
             assert!(hint.contains("Latency on virtual machines"), "{hint}");
         }
         let idle = IdleCores::of(reference_machine());
-        assert_eq!(idle, IdleCores::KvmGuestWithoutDriver);
+        assert_eq!(
+            idle,
+            IdleCores::KvmGuestWithoutDriver {
+                haltpoll: HaltpollDriver::Forcible
+            }
+        );
         let hint = idle.hint().expect("a hint");
         assert!(hint.contains("no cpuidle driver"), "{hint}");
         assert!(hint.contains("cpuidle_haltpoll.force=1"), "{hint}");
@@ -159,7 +193,6 @@ mod tests {
 
     #[test]
     fn no_hint_where_idle_cores_poll_or_the_haltpoll_driver_could_not_help() {
-        let none = || IdleCores::Other("none".into());
         for (files, expected) in [
             (
                 Files {
@@ -182,37 +215,42 @@ mod tests {
                     clocksources: Some("tsc hpet acpi_pm\n"),
                     ..reference_machine()
                 },
-                none(),
+                IdleCores::Other("none".into()),
             ),
-            // Cores that poll all the time, or an override that keeps every driver out.
+            // Cores that poll all the time, or halt by the operator's choice.
             (
                 Files {
                     cmdline: Some("quiet idle=poll\n"),
                     ..reference_machine()
                 },
-                none(),
+                IdleCores::Override("idle=poll".into()),
             ),
             (
                 Files {
                     cmdline: Some("idle=halt\n"),
                     ..reference_machine()
                 },
-                none(),
+                IdleCores::Override("idle=halt".into()),
             ),
-            // A kernel without the haltpoll driver, or one told to register that did not.
+            // A kernel without the haltpoll driver, or one told to register that did not:
+            // halting at once, but nothing to suggest.
             (
                 Files {
                     haltpoll_forced: None,
                     ..reference_machine()
                 },
-                none(),
+                IdleCores::KvmGuestWithoutDriver {
+                    haltpoll: HaltpollDriver::Unavailable,
+                },
             ),
             (
                 Files {
                     haltpoll_forced: Some("Y\n"),
                     ..reference_machine()
                 },
-                none(),
+                IdleCores::KvmGuestWithoutDriver {
+                    haltpoll: HaltpollDriver::Unavailable,
+                },
             ),
             (
                 Files {
@@ -240,6 +278,63 @@ mod tests {
             let idle = IdleCores::of(files);
             assert_eq!(idle, expected);
             assert_eq!(idle.hint(), None, "{idle:?}");
+        }
+    }
+
+    /// The benchmark's first line, which names the regime every c=1 figure comes from.
+    #[test]
+    fn the_benchmark_names_each_regime() {
+        let named = |files: Files| IdleCores::of(files).to_string();
+        for (files, name) in [
+            (
+                Files {
+                    driver: Some("haltpoll"),
+                    poll_ns: Some("0"),
+                    ..reference_machine()
+                },
+                "driver haltpoll, halting at once (guest_halt_poll_ns=0)",
+            ),
+            (
+                Files {
+                    driver: Some("haltpoll"),
+                    ..reference_machine()
+                },
+                "driver haltpoll, polling up to 200000 ns before halting",
+            ),
+            (
+                reference_machine(),
+                "no driver on a KVM guest, halting at once",
+            ),
+            (
+                Files {
+                    haltpoll_forced: None,
+                    ..reference_machine()
+                },
+                "no driver on a KVM guest, halting at once",
+            ),
+            (
+                Files {
+                    cmdline: Some("idle=poll"),
+                    ..reference_machine()
+                },
+                "idle=poll on the kernel's command line",
+            ),
+            (
+                Files {
+                    driver: Some("intel_idle"),
+                    ..reference_machine()
+                },
+                "driver intel_idle",
+            ),
+            (
+                Files {
+                    driver: None,
+                    ..reference_machine()
+                },
+                "driver unknown",
+            ),
+        ] {
+            assert_eq!(named(files), name);
         }
     }
 }
