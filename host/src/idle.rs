@@ -68,8 +68,9 @@ impl IdleCores {
             line.split_whitespace()
                 .find(|parameter| parameter.starts_with("idle="))
         });
-        let haltpoll = match files.haltpoll_forced.map(str::trim) {
-            Some("N") => HaltpollDriver::Forcible,
+        // An unreadable command line could hide an `idle=` override, which keeps the driver out.
+        let haltpoll = match (files.haltpoll_forced.map(str::trim), files.cmdline) {
+            (Some("N"), Some(_)) => HaltpollDriver::Forcible,
             _ => HaltpollDriver::Unavailable,
         };
         match files.driver.map(str::trim) {
@@ -88,7 +89,7 @@ impl IdleCores {
     }
 
     /// What `obol serve` says once at start-up when idle cores halt as soon as a call waits on
-    /// a KVM guest: each of a call's waits then costs a wake-up through the host (measured in
+    /// a KVM guest and a remedy is known: each of a call's waits then costs a wake-up through the host (measured in
     /// ADR-0067). How to change it is in docs/operations.md ("Latency on virtual machines");
     /// the gateway does not spin to keep its cores awake itself.
     pub fn hint(&self) -> Option<String> {
@@ -246,6 +247,15 @@ mod tests {
             (
                 Files {
                     haltpoll_forced: Some("Y\n"),
+                    ..reference_machine()
+                },
+                IdleCores::KvmGuestWithoutDriver {
+                    haltpoll: HaltpollDriver::Unavailable,
+                },
+            ),
+            (
+                Files {
+                    cmdline: None,
                     ..reference_machine()
                 },
                 IdleCores::KvmGuestWithoutDriver {
