@@ -108,8 +108,9 @@ fn main() {
 }
 
 /// A cargo that does not inherit the outer build's settings: its target directory, target,
-/// flags, features and profile overrides (a `CARGO_PROFILE_RELEASE_*` variable would reach the
-/// guest profile, which inherits `release`).
+/// flags, features and profile overrides from the environment (a `CARGO_PROFILE_RELEASE_*`
+/// variable would reach the guest profile, which inherits `release`); `CARGO_PROFILE_GUEST_*`,
+/// aimed at this build, is kept.
 fn nested_cargo(root: &Path) -> Command {
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut command = Command::new(cargo);
@@ -120,7 +121,7 @@ fn nested_cargo(root: &Path) -> Command {
             || key == "CARGO_ENCODED_RUSTFLAGS"
             || key == "RUSTFLAGS"
             || key == "CARGO_BUILD_RUSTFLAGS"
-            || key.starts_with("CARGO_PROFILE_")
+            || (key.starts_with("CARGO_PROFILE_") && !key.starts_with("CARGO_PROFILE_GUEST_"))
             || key.starts_with("CARGO_FEATURE_")
             || key.starts_with("CARGO_CFG_");
         if inherited_build_setting {
