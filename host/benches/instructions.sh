@@ -8,6 +8,10 @@
 # instrumentation off, warms it with 50 calls, counts `calls` more (default 400, c=1, one
 # keep-alive connection) and writes the profile to $OUT (default ./instructions.out.1).
 # Read it with `callgrind_annotate instructions.out.1` (self) or `--inclusive=yes`.
+# COMPONENT=path/to/payments.wasm serves another build of the bundled `stripe` connector
+# instead (a connector change counted without rebuilding the gateway). With
+# OBOL_WASM_PERFMAP=1 the gateway writes /tmp/perf-<pid>.map, which names the guest's
+# functions behind the profile's bare `???:0x…` addresses (docs/performance.md).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 bin="${1:-${CARGO_TARGET_DIR:-$here/../../target}/release/obol}"
@@ -23,7 +27,7 @@ python3 -c 'import os; print(os.urandom(32).hex())' > approval.key
 hash() { python3 -c "import hashlib,sys; print(hashlib.sha256(sys.argv[1].encode()).hexdigest())" "$1"; }
 cat > obol.toml <<TOML
 [connectors]
-components = ["bundled:stripe"]
+components = ["${COMPONENT:-bundled:stripe}"]
 [[workspaces]]
 id = "bench"
 [[workspaces.connections]]

@@ -12,7 +12,7 @@ use obol_sdk::{
     Arguments, ConnectionFacts, Connector, EffectSpec, Form, InterpretError, Manifest,
     OutboundRequest, PrepareError, Propagation, Status, Tool, ToolOutput, VendorResponse,
 };
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
 const CREATE_REFUND: &str = "create_refund";
 const LIST_CHARGES: &str = "charges.list";
@@ -207,15 +207,17 @@ fn interpret_refund(response: &VendorResponse) -> Result<ToolOutput, InterpretEr
 }
 
 fn interpret_charge_list(response: &VendorResponse) -> Result<ToolOutput, InterpretError> {
-    let list = response.json()?;
-    let charges = list["data"]
-        .as_array()
-        .ok_or_else(|| InterpretError::malformed("list `data` is not an array"))?;
+    let mut list = response.json()?;
+    // Moved out of the parsed list into the structured output, not copied: `json!` would
+    // serialize the array into a new value, string by string.
+    let Value::Array(charges) = list["data"].take() else {
+        return Err(InterpretError::malformed("list `data` is not an array"));
+    };
     let has_more = list["has_more"]
         .as_bool()
         .ok_or_else(|| InterpretError::malformed("list `has_more` is not a boolean"))?;
     let mut text = format!("{} charge(s)", charges.len());
-    for charge in charges {
+    for charge in &charges {
         let id = string_field(charge, "id")?;
         text.push_str(&format!(
             "\n- {id}: {} {} {}",
@@ -227,7 +229,10 @@ fn interpret_charge_list(response: &VendorResponse) -> Result<ToolOutput, Interp
     if has_more {
         text.push_str("\nMore charges exist; this list is not complete.");
     }
-    Ok(ToolOutput::text(text).structured(json!({"data": charges, "has_more": has_more})))
+    let mut structured = Map::new();
+    structured.insert("data".into(), Value::Array(charges));
+    structured.insert("has_more".into(), Value::Bool(has_more));
+    Ok(ToolOutput::text(text).structured(Value::Object(structured)))
 }
 
 /// Renders Stripe's `{"error": {"message": ...}}` for a status the host did not accept, so
@@ -371,9 +376,11 @@ mod tests {
         });
         let output =
             Payments::interpret(LIST_CHARGES, VendorResponse::new(200, body.to_string())).unwrap();
-        let structured = output.structured.unwrap();
-        assert_eq!(structured["has_more"], json!(true));
-        assert_eq!(structured["data"][0]["id"], json!("ch_1"));
+        // Every charge whole, and nothing of the list's envelope but `has_more`.
+        assert_eq!(
+            output.structured,
+            Some(json!({"data": body["data"], "has_more": true}))
+        );
     }
 
     #[test]

@@ -324,6 +324,12 @@ fn engine(limits: &RuntimeConfig, guard: MemoryGuard) -> anyhow::Result<Engine> 
         .wasm_component_model(true)
         .epoch_interruption(true)
         .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    // For profiling a connector: wasmtime writes /tmp/perf-<pid>.map, which perf (and a reader
+    // of a callgrind profile's bare addresses) uses to name the guest's compiled functions.
+    // Off by default: the file grows with every component loaded.
+    if std::env::var_os("OBOL_WASM_PERFMAP").is_some() {
+        config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+    }
     match guard {
         // wasmtime's defaults: a 4 GiB reservation (or the cap, if larger) and its guards.
         MemoryGuard::GuardPages => {

@@ -167,7 +167,11 @@ impl From<ToolOutput> for wit::ToolOutput {
                     }
                 })
                 .collect(),
-            structured: output.structured.map(|value| value.to_string()),
+            // serde_json's own writer, not `Display`: that one feeds `fmt` a token at a time
+            // through an adapter, about twice the guest's instructions for the same text.
+            structured: output.structured.map(|value| {
+                serde_json::to_string(&value).expect("a JSON value always serializes")
+            }),
         }
     }
 }

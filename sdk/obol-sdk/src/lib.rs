@@ -229,20 +229,28 @@ mod tests {
         assert_eq!(manifest.name, "echo");
         assert_eq!(manifest.tools[0].input_schema, r#"{"type":"object"}"#);
 
-        let request = Adapter::prepare("say".into(), r#"{"text":"hi"}"#.into(), facts()).unwrap();
+        // JSON text leaves the guest compact, escaped where JSON requires and nowhere else.
+        let arguments = r#"{"text":"hi \"you\"\n\u00e9"}"#;
+        let request = Adapter::prepare("say".into(), arguments.into(), facts()).unwrap();
         assert_eq!(request.url, "http://h/a%20b");
-        assert_eq!(request.body.as_deref(), Some(&br#"{"said":"hi"}"#[..]));
+        assert_eq!(
+            request.body.as_deref(),
+            Some(r#"{"said":"hi \"you\"\né"}"#.as_bytes())
+        );
 
         let output = Adapter::interpret(
             "say".into(),
             bindings::VendorResponse {
                 status: 200,
                 headers: vec![],
-                body: br#"{"ok":true}"#.to_vec(),
+                body: br#"{"ok": true, "a": [1.5, "\u0001\/"]}"#.to_vec(),
             },
         )
         .unwrap();
-        assert_eq!(output.structured.as_deref(), Some(r#"{"ok":true}"#));
+        assert_eq!(
+            output.structured.as_deref(),
+            Some(r#"{"a":[1.5,"\u0001/"],"ok":true}"#)
+        );
     }
 
     #[test]

@@ -77,7 +77,9 @@ impl OutboundRequest {
 
     /// Sets a JSON body (`application/json`).
     pub fn json(self, body: &Value) -> OutboundRequest {
-        self.body("application/json", body.to_string())
+        // serde_json's own writer, not `Display` (see the structured output in `guest`).
+        let bytes = serde_json::to_vec(body).expect("a JSON value always serializes");
+        self.body("application/json", bytes)
     }
 
     /// Sets a form body (`application/x-www-form-urlencoded`).
