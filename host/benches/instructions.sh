@@ -17,6 +17,8 @@ here="$(cd "$(dirname "$0")" && pwd)"
 bin="${1:-${CARGO_TARGET_DIR:-$here/../../target}/release/obol}"
 calls="${2:-400}"
 out="$(realpath -m "${OUT:-instructions.out}")"
+component="${COMPONENT:-bundled:stripe}"
+[[ "$component" == bundled:* ]] || component="$(realpath -m "$component")"
 dir="$(mktemp -d)"
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$dir"' EXIT
 cd "$dir"
@@ -27,7 +29,7 @@ python3 -c 'import os; print(os.urandom(32).hex())' > approval.key
 hash() { python3 -c "import hashlib,sys; print(hashlib.sha256(sys.argv[1].encode()).hexdigest())" "$1"; }
 cat > obol.toml <<TOML
 [connectors]
-components = ["${COMPONENT:-bundled:stripe}"]
+components = ["$component"]
 [[workspaces]]
 id = "bench"
 [[workspaces.connections]]

@@ -210,7 +210,8 @@ fn interpret_charge_list(response: &VendorResponse) -> Result<ToolOutput, Interp
     let mut list = response.json()?;
     // Moved out of the parsed list into the structured output, not copied: `json!` would
     // serialize the array into a new value, string by string.
-    let Value::Array(charges) = list["data"].take() else {
+    // `get_mut`, not `list["data"]`: indexing a body that is not an object mutably panics.
+    let Some(Value::Array(charges)) = list.get_mut("data").map(Value::take) else {
         return Err(InterpretError::malformed("list `data` is not an array"));
     };
     let has_more = list["has_more"]
@@ -365,6 +366,25 @@ mod tests {
             Payments::interpret(CREATE_REFUND, truncated),
             Err(InterpretError::MalformedResponse(_))
         ));
+    }
+
+    #[test]
+    fn a_list_without_an_array_of_charges_is_malformed() {
+        for body in [
+            r#"[]"#,
+            r#""list""#,
+            r#"{"data": {}, "has_more": false}"#,
+            "{}",
+        ] {
+            let response = VendorResponse::new(200, body.to_owned());
+            assert!(
+                matches!(
+                    Payments::interpret(LIST_CHARGES, response),
+                    Err(InterpretError::MalformedResponse(_))
+                ),
+                "{body}"
+            );
+        }
     }
 
     #[test]

@@ -324,10 +324,12 @@ fn engine(limits: &RuntimeConfig, guard: MemoryGuard) -> anyhow::Result<Engine> 
         .wasm_component_model(true)
         .epoch_interruption(true)
         .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
-    // For profiling a connector: wasmtime writes /tmp/perf-<pid>.map, which perf (and a reader
-    // of a callgrind profile's bare addresses) uses to name the guest's compiled functions.
-    // Off by default: the file grows with every component loaded.
-    if std::env::var_os("OBOL_WASM_PERFMAP").is_some() {
+    // For profiling a connector (docs/performance.md): wasmtime writes /tmp/perf-<pid>.map,
+    // which perf (and a reader of a callgrind profile's bare addresses) uses to name the
+    // guest's compiled functions. Off unless asked for: the file is readable by every local
+    // user, gives away where the code sits in memory, grows with every component loaded and
+    // is never removed.
+    if std::env::var("OBOL_WASM_PERFMAP").is_ok_and(|value| value == "1") {
         config.profiler(wasmtime::ProfilingStrategy::PerfMap);
     }
     match guard {

@@ -111,8 +111,8 @@ impl ToolOutput {
     /// Sets the structured output; MCP expects a JSON object here.
     ///
     /// To pass on part of the vendor's JSON, move it out of the parsed body
-    /// (`body["data"].take()`) rather than naming it inside `json!`, which serializes what it
-    /// borrows into a new value, string by string.
+    /// (`body.get_mut("data").map(Value::take)`) rather than naming it inside `json!`, which
+    /// serializes what it borrows into a new value, string by string.
     pub fn structured(mut self, value: Value) -> ToolOutput {
         self.structured = Some(value);
         self
