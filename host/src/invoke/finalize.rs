@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use serde_json::json;
+use serde::Serialize;
 use tokio::sync::watch;
 
 use super::attempt::Withdrawal;
@@ -18,9 +18,35 @@ use super::claim::Invocation;
 use super::receipt::{self, Ending};
 use super::render::Rendered;
 use super::{Answer, ClaimIdentity, ResultSource, Services, ToolResult};
+use crate::capability::router::Decision;
+use crate::catalog::RouteKind;
 use crate::clock::now_ms;
 use crate::error::ObolError;
-use crate::store::{ClaimKey, ClaimRecord, ClaimState, Receipt, ResultJson, Store, StoredOutcome};
+use crate::store::{
+    ClaimKey, ClaimRecord, ClaimState, EvidenceClass, OutcomeClass, Receipt, Store, StoredOutcome,
+    Verification,
+};
+
+/// A result's `_meta`: what the gateway did with the call (docs/idempotency.md).
+#[derive(Serialize)]
+struct Meta<'a> {
+    obol: ObolMeta<'a>,
+}
+
+#[derive(Serialize)]
+struct ObolMeta<'a> {
+    idempotency_key: &'a str,
+    receipt_id: &'a str,
+    verification: Verification,
+    outcome: OutcomeClass,
+    vendor_status: Option<u16>,
+    attempt_count: u32,
+    route: RouteKind,
+    evidence: EvidenceClass,
+    replayed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    capability: Option<&'a Decision>,
+}
 
 /// The pauses between tries of a final write that failed (about 25 s in all; each is cut
 /// to a quarter of the lease, and each try renews the lease first).
@@ -63,27 +89,24 @@ impl Rendered {
             Withdrawal::None => record.attempts,
             Withdrawal::UnsentRetry => record.attempts.saturating_sub(1),
         };
-        let result = result.map(|mut value| {
-            value["_meta"] = json!({ "obol": {
-                "idempotency_key": plan.claim_key.key.as_str(),
-                "receipt_id": record.receipt_id,
-                "verification": verification,
-                "outcome": class,
-                "vendor_status": vendor_status,
-                "attempt_count": attempts,
-                "route": holder.route,
-                "evidence": evidence,
-                "replayed": false,
-            }});
-            if let Some(decision) = &holder.capability {
-                value["_meta"]["obol"]["capability"] = json!(decision);
-            }
-            value
-        });
+        let meta = Meta {
+            obol: ObolMeta {
+                idempotency_key: plan.claim_key.key.as_str(),
+                receipt_id: &record.receipt_id,
+                verification,
+                outcome: class,
+                vendor_status,
+                attempt_count: attempts,
+                route: holder.route,
+                evidence,
+                replayed: false,
+                capability: holder.capability.as_ref(),
+            },
+        };
         // The result is written out once: the final record embeds the text and, once the
         // store has it, the answer takes it back from the record and sends it.
         let (response, refusal) = match result {
-            Ok(value) => (Ok(ResultJson::of(&value)), None),
+            Ok(result) => (Ok(result.written(&meta)), None),
             Err(error) => (Err(error.to_jsonrpc_error()), Some(error)),
         };
         let outcome = StoredOutcome {

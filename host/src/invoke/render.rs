@@ -2,8 +2,6 @@
 //! connector renders the vendor's reply through the dispatch seam; the host decides the
 //! outcome class, the verification and the note.
 
-use serde_json::Value;
-
 use super::attempt::{Observation, Observed, Withdrawal};
 use super::claim::Invocation;
 use super::{Services, dispatch};
@@ -18,7 +16,7 @@ pub struct Rendered {
     pub withdrawal: Withdrawal,
     pub class: OutcomeClass,
     pub vendor_status: Option<u16>,
-    pub result: Result<Value, ObolError>,
+    pub result: Result<dispatch::CallResult, ObolError>,
     /// What the gateway observed, before the route's evidence class is applied.
     pub observed: Verification,
     pub note: Option<&'static str>,

@@ -271,8 +271,11 @@ impl<'de> Deserialize<'de> for ResultJson {
 }
 
 impl ResultJson {
-    pub fn of(result: &Value) -> ResultJson {
-        ResultJson(serde_json::value::to_raw_value(result).expect("a Value always serialises"))
+    pub fn of(result: &impl Serialize) -> ResultJson {
+        ResultJson(
+            serde_json::value::to_raw_value(result)
+                .expect("a result serialises: its maps have string keys"),
+        )
     }
 
     pub fn text(&self) -> &str {

@@ -108,7 +108,7 @@ pub async fn render(
     class: StatusClass,
     reply: VendorReply,
     warm: Option<Warm>,
-) -> Result<Value, ObolError> {
+) -> Result<super::CallResult, ObolError> {
     let connector = connector(route)?;
     let output = services
         .runtime
@@ -164,7 +164,7 @@ fn render_output(
     route: &Route,
     class: StatusClass,
     output: wit::ToolOutput,
-) -> Result<Value, ObolError> {
+) -> Result<super::CallResult, ObolError> {
     let structured = parsed_output(services.runtime.limits().max_output_bytes, &output)?;
     let content = output
         .content

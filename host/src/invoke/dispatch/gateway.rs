@@ -67,7 +67,11 @@ pub fn send(request: &Request) -> Outcome {
     }
 }
 
-pub fn render(route: &Route, class: StatusClass, answer: Value) -> Result<Value, ObolError> {
+pub fn render(
+    route: &Route,
+    class: StatusClass,
+    answer: Value,
+) -> Result<super::CallResult, ObolError> {
     let text = json!({ "type": "text", "text": answer.to_string() });
     super::tool_result(route, class, vec![text], Some(answer))
 }

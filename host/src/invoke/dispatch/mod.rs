@@ -289,11 +289,52 @@ pub async fn render(
     class: StatusClass,
     reply: Reply,
     warm: Option<Warm>,
-) -> Result<Value, ObolError> {
+) -> Result<CallResult, ObolError> {
     match reply {
         Reply::Vendor(reply) => component::render(services, route, class, reply, warm).await,
         Reply::Upstream(answer) => upstream::render(services, route, class, answer),
         Reply::Gateway(answer) => gateway::render(route, class, answer),
+    }
+}
+
+/// A tool's `CallToolResult` as its connector kind rendered it, before the gateway's `_meta`.
+/// Typed rather than built as a JSON object: it is written out once, with `_meta`, when the
+/// call finishes (`finalize`), and a map built here would be filled, then walked and dropped.
+#[derive(Debug)]
+pub struct CallResult {
+    content: Vec<Value>,
+    is_error: bool,
+    structured: Option<Value>,
+}
+
+impl CallResult {
+    /// A result that only says, in text, why the tool did not act (an upstream's refusal).
+    pub fn failed(text: String) -> CallResult {
+        CallResult {
+            content: vec![serde_json::json!({ "type": "text", "text": text })],
+            is_error: true,
+            structured: None,
+        }
+    }
+
+    /// The result as the client is sent it, with `meta` as its `_meta`.
+    pub fn written<M: serde::Serialize>(&self, meta: &M) -> crate::store::ResultJson {
+        #[derive(serde::Serialize)]
+        struct Written<'a, M> {
+            content: &'a [Value],
+            #[serde(rename = "isError")]
+            is_error: bool,
+            #[serde(rename = "structuredContent", skip_serializing_if = "Option::is_none")]
+            structured: Option<&'a Value>,
+            #[serde(rename = "_meta")]
+            meta: &'a M,
+        }
+        crate::store::ResultJson::of(&Written {
+            content: &self.content,
+            is_error: self.is_error,
+            structured: self.structured.as_ref(),
+            meta,
+        })
     }
 }
 
@@ -306,7 +347,7 @@ fn tool_result(
     class: StatusClass,
     content: Vec<Value>,
     structured: Option<Value>,
-) -> Result<Value, ObolError> {
+) -> Result<CallResult, ObolError> {
     if route
         .tool()
         .effect
@@ -316,20 +357,17 @@ fn tool_result(
         tracing::warn!(tool = %route.name, "structured output violates the tool's output schema");
         return Err(ObolError::OutputSchemaViolation);
     }
-    let mut result = serde_json::json!({
-        "content": content,
-        "isError": class != StatusClass::Accepted,
-    });
-    if let Some(structured) = structured {
-        result["structuredContent"] = structured;
-    }
-    if nests_deeper_than(&result, MAX_RESULT_DEPTH) {
+    if nests_too_deep(&content, structured.as_ref()) {
         tracing::warn!(tool = %route.name, "the result nests deeper than {MAX_RESULT_DEPTH} levels");
         return Err(ObolError::ResultTooDeep {
             limit: MAX_RESULT_DEPTH,
         });
     }
-    Ok(result)
+    Ok(CallResult {
+        content,
+        is_error: class != StatusClass::Accepted,
+        structured,
+    })
 }
 
 /// The deepest a tool's result may nest, the result object itself counting as one. The claim
@@ -339,6 +377,16 @@ fn tool_result(
 /// neither replay it nor resend, and a journal holding it could not be read back after a
 /// crash. The `_meta` added later sits beside the result's own fields, a few levels deep.
 const MAX_RESULT_DEPTH: usize = 100;
+
+/// Whether a result of `content` and `structured` would nest deeper than [`MAX_RESULT_DEPTH`]:
+/// `structuredContent` sits one level inside the result, each content item two (in the
+/// `content` array).
+fn nests_too_deep(content: &[Value], structured: Option<&Value>) -> bool {
+    content
+        .iter()
+        .any(|item| nests_deeper_than(item, MAX_RESULT_DEPTH - 2))
+        || structured.is_some_and(|value| nests_deeper_than(value, MAX_RESULT_DEPTH - 1))
+}
 
 /// Whether `value` nests arrays and objects more than `limit` deep (a scalar is 0 deep).
 fn nests_deeper_than(value: &Value, limit: usize) -> bool {
@@ -366,7 +414,9 @@ async fn failpoint(name: &str) {
 mod tests {
     use serde_json::json;
 
-    use super::nests_deeper_than;
+    use serde_json::Value;
+
+    use super::{CallResult, MAX_RESULT_DEPTH, nests_deeper_than, nests_too_deep};
 
     #[test]
     fn depth_counts_arrays_and_objects_not_scalars() {
@@ -376,5 +426,60 @@ mod tests {
         let three = json!({"a": [1, {"b": null}], "c": 2});
         assert!(!nests_deeper_than(&three, 3));
         assert!(nests_deeper_than(&three, 2));
+    }
+
+    /// `depth` levels of arrays and objects, alternating, around a number.
+    fn nested(depth: usize) -> Value {
+        (0..depth).fold(json!(1), |inner, level| match level % 2 {
+            0 => json!([inner]),
+            _ => json!({ "a": inner }),
+        })
+    }
+
+    /// The depth rule applied to a result's parts agrees with the same rule applied to the
+    /// whole result object, as the client gets it, at and around the limit.
+    #[test]
+    fn a_results_parts_are_as_deep_as_the_result_they_make() {
+        for content_depth in 94..=101 {
+            for structured_depth in (95..=102).map(Some).chain([None]) {
+                let content = vec![nested(content_depth)];
+                let structured = structured_depth.map(nested);
+                let mut whole = json!({ "content": content.clone(), "isError": false });
+                if let Some(structured) = &structured {
+                    whole["structuredContent"] = structured.clone();
+                }
+                assert_eq!(
+                    nests_too_deep(&content, structured.as_ref()),
+                    nests_deeper_than(&whole, MAX_RESULT_DEPTH),
+                    "content {content_depth}, structured {structured_depth:?}"
+                );
+            }
+        }
+        assert!(!nests_too_deep(&[nested(98)], Some(&nested(99))));
+        assert!(nests_too_deep(&[nested(99)], None));
+        assert!(nests_too_deep(&[], Some(&nested(100))));
+    }
+
+    #[test]
+    fn a_result_is_written_with_its_meta_and_without_absent_structured_output() {
+        let meta = json!({ "obol": { "replayed": false } });
+        let failed: Value =
+            serde_json::from_str(CallResult::failed("no".into()).written(&meta).text()).unwrap();
+        assert_eq!(
+            failed,
+            json!({
+                "content": [{ "type": "text", "text": "no" }],
+                "isError": true,
+                "_meta": { "obol": { "replayed": false } },
+            })
+        );
+        let answered = CallResult {
+            content: Vec::new(),
+            is_error: false,
+            structured: Some(json!({ "id": "ch_1" })),
+        };
+        let answered: Value = serde_json::from_str(answered.written(&meta).text()).unwrap();
+        assert_eq!(answered["structuredContent"], json!({ "id": "ch_1" }));
+        assert_eq!(answered["isError"], json!(false));
     }
 }

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 
 use super::{Outcome, Reply, failpoint};
 use crate::catalog::{Propagation, Route, StatusClass};
@@ -119,13 +119,8 @@ pub fn render(
     route: &Route,
     class: StatusClass,
     answer: Answer,
-) -> Result<Value, ObolError> {
-    let failed = |text: String| {
-        Ok(json!({
-            "content": [{ "type": "text", "text": text }],
-            "isError": true,
-        }))
-    };
+) -> Result<super::CallResult, ObolError> {
+    let failed = |text: String| Ok(super::CallResult::failed(text));
     let mut result = match answer {
         Answer::Result(result) => result,
         Answer::RpcError { code, message } => {
