@@ -27,12 +27,14 @@ use crate::store::{
     Verification,
 };
 
-/// A result's `_meta`: what the gateway did with the call (docs/idempotency.md).
+/// A result's `_meta`: what the gateway did with the call (docs/idempotency.md lists the
+/// fields). A replay rewrites `replayed` and `attempt_count` in the stored text by name.
 #[derive(Serialize)]
 struct Meta<'a> {
     obol: ObolMeta<'a>,
 }
 
+/// `_meta.obol`.
 #[derive(Serialize)]
 struct ObolMeta<'a> {
     idempotency_key: &'a str,
@@ -279,4 +281,39 @@ async fn record_later(
         }
     }
     tracing::error!(receipt = %id, "gave up recording an outcome; it is settled as unknown when its lease ends");
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::{Meta, ObolMeta};
+    use crate::catalog::RouteKind;
+    use crate::store::{EvidenceClass, OutcomeClass, Verification};
+
+    /// Clients read `vendor_status: null` as "no HTTP status was seen" and find `capability`
+    /// only on capability calls.
+    #[test]
+    fn meta_writes_a_missing_status_as_null_and_leaves_out_a_missing_capability() {
+        let meta = Meta {
+            obol: ObolMeta {
+                idempotency_key: "idt_1",
+                receipt_id: "rcpt_1",
+                verification: Verification::Inconclusive,
+                outcome: OutcomeClass::Unknown,
+                vendor_status: None,
+                attempt_count: 1,
+                route: RouteKind::Native,
+                evidence: EvidenceClass::GatewayObserved,
+                replayed: false,
+                capability: None,
+            },
+        };
+        let obol = serde_json::to_value(&meta).unwrap()["obol"].take();
+        assert_eq!(obol["vendor_status"], json!(null));
+        assert!(obol.as_object().unwrap().contains_key("vendor_status"));
+        assert!(!obol.as_object().unwrap().contains_key("capability"));
+        assert_eq!(obol["attempt_count"], json!(1));
+        assert_eq!(obol["replayed"], json!(false));
+    }
 }

@@ -274,7 +274,7 @@ impl ResultJson {
     pub fn of(result: &impl Serialize) -> ResultJson {
         ResultJson(
             serde_json::value::to_raw_value(result)
-                .expect("a result serialises: its maps have string keys"),
+                .expect("a result is JSON values and strings, which always serialise"),
         )
     }
 

@@ -308,7 +308,9 @@ pub struct CallResult {
 }
 
 impl CallResult {
-    /// A result that only says, in text, why the tool did not act (an upstream's refusal).
+    /// A result whose only content is the gateway's text about an answer that carried no
+    /// result (an upstream's JSON-RPC error or bare HTTP status); whether the tool acted is
+    /// the outcome class's to say.
     pub fn failed(text: String) -> CallResult {
         CallResult {
             content: vec![serde_json::json!({ "type": "text", "text": text })],
@@ -412,9 +414,7 @@ async fn failpoint(name: &str) {
 
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
-
-    use serde_json::Value;
+    use serde_json::{Value, json};
 
     use super::{CallResult, MAX_RESULT_DEPTH, nests_deeper_than, nests_too_deep};
 
@@ -437,27 +437,63 @@ mod tests {
     }
 
     /// The depth rule applied to a result's parts agrees with the same rule applied to the
-    /// whole result object, as the client gets it, at and around the limit.
+    /// whole result as it is written out, at and around the limit, with one content item or
+    /// several (only the last one deep) or none.
     #[test]
     fn a_results_parts_are_as_deep_as_the_result_they_make() {
+        let contents = |depth: usize| {
+            [
+                vec![nested(depth)],
+                vec![json!("text"), json!({ "type": "text" }), nested(depth)],
+            ]
+        };
+        let mut cases = Vec::new();
         for content_depth in 94..=101 {
-            for structured_depth in (95..=102).map(Some).chain([None]) {
-                let content = vec![nested(content_depth)];
-                let structured = structured_depth.map(nested);
-                let mut whole = json!({ "content": content.clone(), "isError": false });
-                if let Some(structured) = &structured {
-                    whole["structuredContent"] = structured.clone();
+            for content in contents(content_depth).into_iter().chain([Vec::new()]) {
+                for structured in (95..=102).map(|depth| Some(nested(depth))).chain([None]) {
+                    cases.push((content.clone(), structured));
                 }
-                assert_eq!(
-                    nests_too_deep(&content, structured.as_ref()),
-                    nests_deeper_than(&whole, MAX_RESULT_DEPTH),
-                    "content {content_depth}, structured {structured_depth:?}"
-                );
             }
         }
+        let mut refused = 0;
+        for (content, structured) in cases {
+            let result = CallResult {
+                content,
+                is_error: false,
+                structured,
+            };
+            let whole: Value = serde_json::from_str(result.written(&json!({})).text()).unwrap();
+            let too_deep = nests_too_deep(&result.content, result.structured.as_ref());
+            assert_eq!(
+                too_deep,
+                nests_deeper_than(&whole, MAX_RESULT_DEPTH),
+                "{result:?}"
+            );
+            refused += usize::from(too_deep);
+        }
+        assert!(refused > 0);
         assert!(!nests_too_deep(&[nested(98)], Some(&nested(99))));
-        assert!(nests_too_deep(&[nested(99)], None));
+        assert!(!nests_too_deep(&[], None));
+        assert!(nests_too_deep(&[json!(1), nested(99)], None));
         assert!(nests_too_deep(&[], Some(&nested(100))));
+    }
+
+    /// A finished record's result is compared as text after a store read renders it again
+    /// through a `Value` (a Redis reply lost in flight): written out from the typed result,
+    /// it must read back as the same text.
+    #[test]
+    fn a_written_result_reads_back_as_the_same_text() {
+        let result = CallResult {
+            content: vec![json!({ "type": "text", "text": "2 charge(s)" })],
+            is_error: false,
+            structured: Some(
+                json!({ "has_more": false, "data": [{ "id": "ch_1", "amount": 1.5 }] }),
+            ),
+        };
+        let written = result.written(&json!({ "obol": { "replayed": false, "attempt_count": 1 } }));
+        let stored = serde_json::to_string(&written).unwrap();
+        let read: crate::store::ResultJson = serde_json::from_str(&stored).unwrap();
+        assert_eq!(read, written, "{stored}");
     }
 
     #[test]
