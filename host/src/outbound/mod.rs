@@ -267,7 +267,7 @@ impl Outbound {
         let headers = response
             .headers()
             .iter()
-            .filter(|(name, _)| !name.as_str().starts_with("set-cookie"))
+            .filter(|(name, _)| reaches_the_component(name))
             .filter_map(|(name, value)| {
                 Some(wit::Header {
                     name: name.as_str().to_owned(),
@@ -294,6 +294,24 @@ impl Outbound {
             body,
         })
     }
+}
+
+/// Whether a vendor's response header is passed to the component. Cookies are sessions, a
+/// secret the component must not hold. Hop-by-hop headers (RFC 9110, 7.6.1) describe the
+/// gateway's own connection to the vendor, not the answer, and each header passed is two
+/// strings copied into the guest's memory on every call.
+pub(crate) fn reaches_the_component(name: &HeaderName) -> bool {
+    const HOP_BY_HOP: [&str; 7] = [
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    ];
+    let name = name.as_str();
+    !name.starts_with("set-cookie") && !HOP_BY_HOP.contains(&name)
 }
 
 #[cfg(test)]
@@ -382,6 +400,55 @@ mod tests {
             ports[0], ports[2],
             "the second lane reused the connection the first lane opened and drives"
         );
+    }
+
+    /// Cookies are sessions, and hop-by-hop headers describe the gateway's connection to the
+    /// vendor: neither reaches the component; the vendor's own headers do.
+    #[tokio::test]
+    async fn the_component_sees_the_vendors_headers_but_not_cookies_or_hop_by_hop_ones() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base =
+            BaseUrl::parse(&format!("http://{}/api", listener.local_addr().unwrap())).unwrap();
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut request = Vec::new();
+            let mut buffer = [0u8; 4096];
+            while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = socket.read(&mut buffer).await.unwrap();
+                request.extend_from_slice(&buffer[..n]);
+            }
+            let answer = "HTTP/1.1 200 OK\r\nconnection: keep-alive\r\nkeep-alive: timeout=5\r\n\
+                          set-cookie: session=s3cr3t\r\nrequest-id: req_1\r\n\
+                          content-type: application/json\r\ncontent-length: 2\r\n\r\n{}";
+            socket.write_all(answer.as_bytes()).await.unwrap();
+            let _ = socket.read(&mut buffer).await;
+        });
+        let config = OutboundConfig {
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(5),
+            max_response_bytes: 1 << 20,
+            upstream_list_timeout: Duration::from_secs(5),
+        };
+        let outbound = Outbound::for_lanes(&config, 1).unwrap();
+        let lanes = Lanes::with(1).unwrap();
+        let (done, outcome) = oneshot::channel();
+        lanes.serve(async move {
+            let request = wit::OutboundRequest {
+                method: wit::Method::Get,
+                url: format!("{}/x", base.url().as_str().trim_end_matches('/')),
+                headers: Vec::new(),
+                body: None,
+            };
+            let prepared =
+                Prepared::new(request, &base, &Propagation::None, None, None, None).unwrap();
+            let _ = done.send(outbound.send(prepared).await);
+        });
+        let AttemptOutcome::Responded(reply) = outcome.await.unwrap() else {
+            panic!("the vendor's answer was not read");
+        };
+        let mut names: Vec<&str> = reply.headers.iter().map(|h| h.name.as_str()).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["content-length", "content-type", "request-id"]);
     }
 
     fn template(url: &str, headers: &[(&str, &str)], body: Option<&str>) -> wit::OutboundRequest {
