@@ -7,7 +7,6 @@ use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use axum::http::HeaderName;
 use obol_harness::protocol::{self, Reply, Request};
 
 use crate::catalog::{Connector, load_connector};
@@ -120,13 +119,8 @@ async fn answer(runtime: &Runtime, connector: &Connector, request: Request) -> R
             let class = classify(spec, status, &body);
             let response = wit::VendorResponse {
                 status,
-                // What the gateway would pass on from the vendor, whatever the fixture holds.
                 headers: headers
                     .into_iter()
-                    .filter(|h| {
-                        HeaderName::try_from(h.name.as_str())
-                            .is_ok_and(|name| crate::outbound::reaches_the_component(&name))
-                    })
                     .map(|h| wit::Header {
                         name: h.name,
                         value: h.value,

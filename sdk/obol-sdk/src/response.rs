@@ -5,7 +5,12 @@ use serde_json::Value;
 
 use crate::error::InterpretError;
 
-/// The vendor's HTTP response, as the host received it.
+/// The vendor's HTTP response, as the host received it, less the headers the gateway keeps:
+/// `Set-Cookie` (a session is a secret) and the hop-by-hop ones (`Connection`, `Keep-Alive`,
+/// `Proxy-Connection`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`), which describe the
+/// gateway's connection, not the answer. Header names arrive in lower case, and headers
+/// whose value is not visible ASCII are left out. (`obol harness` replays a fixture's body
+/// with `content-type: application/json` only.)
 ///
 /// `interpret` does not decide success: the host has already classified the status with
 /// the tool's EffectSpec. The status is here so error bodies can be rendered helpfully.
