@@ -41,13 +41,13 @@ fn main() {
         .build()
         .unwrap();
     println!(
-        "obol benchmark ({} cores; idle cores: {}; {})\n",
+        "obol benchmark ({} cores; idle cores: {})",
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         // Moves every c=1 figure (ADR-0067).
         obol::idle::IdleCores::read(),
-        // Moves every durable figure, and differs from machine to machine.
-        DiskFlush::measure()
     );
+    // Can move the durable figures, and differs from machine to machine and run to run.
+    println!("{}\n", DiskFlush::measure());
     // `OBOL_BENCH=guest,store` runs only the named sections.
     let only = std::env::var("OBOL_BENCH").unwrap_or_default();
     let wanted = |section: &str| only.is_empty() || only.split(',').any(|s| s == section);
@@ -89,57 +89,116 @@ fn main() {
     }
 }
 
-/// What one small durable append costs on the disk the stores use (the temporary
-/// directory's), back to back and after a pause. On a virtual disk a flush that follows
-/// another at once can be many times cheaper than one after an idle millisecond (measured
-/// 64 us against 940 us on one machine), and a gateway's flushes come with pauses between
-/// them: its claim and finalize are a vendor call apart, and Redis's loop runs its batch
-/// between two. Printed so that a run's durable figures can be read against their disk.
+/// What a durable write costs on the disk the stores use (the temporary directory's, as the
+/// rig's stores and redis-servers), after pauses of several lengths. On a virtual disk a
+/// flush that follows another at once can cost several times less than one after an idle
+/// fraction of a millisecond, and a gateway's writes come with pauses between them (a call's
+/// claim and finalize are a vendor call apart at c=1). Two kinds of write, the two stores':
+/// the embedded journal's (a 4 KiB block overwritten in place through `O_DIRECT | O_DSYNC`,
+/// no metadata to flush) and an append with `fdatasync` as Redis's append-only file makes
+/// (the file grows, so each flush also commits the filesystem's journal). Printed so that a
+/// run's durable figures can be read against their disk.
 struct DiskFlush {
-    back_to_back: Duration,
-    after_pause: Duration,
+    /// The p50 of each kind after each of [`DiskFlush::PAUSES`]; `None` where the
+    /// filesystem refuses `O_DIRECT` (tmpfs).
+    in_place: Option<Vec<Duration>>,
+    append: Vec<Duration>,
 }
 
 impl DiskFlush {
+    /// Back to back; about a c=1 call's gap between two writes here; an idle millisecond.
+    const PAUSES: [Duration; 3] = [
+        Duration::ZERO,
+        Duration::from_micros(250),
+        Duration::from_millis(1),
+    ];
+    /// About what a group commit of a call or two writes to Redis's file.
     const APPEND: usize = 20_000;
-    const PAUSE: Duration = Duration::from_millis(1);
+    /// Enough for a stable p50 in under two seconds in all.
+    const SAMPLES: usize = 200;
 
     fn measure() -> DiskFlush {
-        use std::io::Write;
-        let mut file = tempfile::tempfile().expect("a temporary file");
-        let block = vec![b'x'; Self::APPEND];
-        let mut p50 = |pause: Option<Duration>| {
-            let mut took: Vec<Duration> = (0..200)
-                .map(|_| {
-                    file.write_all(&block).expect("an append");
-                    let start = Instant::now();
-                    file.sync_data().expect("fdatasync");
-                    let took = start.elapsed();
-                    if let Some(pause) = pause {
-                        std::thread::sleep(pause);
-                    }
-                    took
-                })
-                .collect();
-            took.sort();
-            took[took.len() / 2]
-        };
+        // What the build left dirty would otherwise be written back during the first samples.
+        let _ = std::process::Command::new("sync").status();
+        let dir = tempfile::tempdir().expect("a temporary directory");
         DiskFlush {
-            back_to_back: p50(None),
-            after_pause: p50(Some(Self::PAUSE)),
+            in_place: Self::in_place(&dir.path().join("blocks")).ok(),
+            append: Self::PAUSES
+                .iter()
+                .map(|pause| Self::append(&dir.path().join("append"), *pause))
+                .collect(),
         }
+    }
+
+    /// One p50 a pause, of 4 KiB blocks written in place, one after the other, in a file
+    /// filled with zeros first (as the journal preallocates itself).
+    fn in_place(path: &std::path::Path) -> std::io::Result<Vec<Duration>> {
+        use std::os::unix::fs::{FileExt, OpenOptionsExt};
+        #[repr(C, align(4096))]
+        struct Block([u8; 4096]);
+        let size = Self::SAMPLES * 4096;
+        std::fs::write(path, vec![0u8; size])?;
+        std::fs::File::open(path)?.sync_all()?;
+        let flags = rustix::fs::OFlags::DIRECT | rustix::fs::OFlags::DSYNC;
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(flags.bits() as i32)
+            .open(path)?;
+        let block = Block([b'x'; 4096]);
+        Self::PAUSES
+            .iter()
+            .map(|pause| {
+                let mut took = Vec::with_capacity(Self::SAMPLES);
+                for at in 0..Self::SAMPLES {
+                    let start = Instant::now();
+                    file.write_all_at(&block.0, (at * 4096) as u64)?;
+                    took.push(start.elapsed());
+                    std::thread::sleep(*pause);
+                }
+                Ok(percentiles(&mut took).0)
+            })
+            .collect()
+    }
+
+    /// The p50 of appends to a new file, each followed by `fdatasync`, then `pause`.
+    fn append(path: &std::path::Path, pause: Duration) -> Duration {
+        use std::io::Write;
+        let mut file = std::fs::File::create(path).expect("a file to append to");
+        let bytes = vec![b'x'; Self::APPEND];
+        let mut took: Vec<Duration> = (0..Self::SAMPLES)
+            .map(|_| {
+                file.write_all(&bytes).expect("an append");
+                let start = Instant::now();
+                file.sync_data().expect("fdatasync");
+                let took = start.elapsed();
+                std::thread::sleep(pause);
+                took
+            })
+            .collect();
+        percentiles(&mut took).0
     }
 }
 
 impl std::fmt::Display for DiskFlush {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let row = |figures: &[Duration]| {
+            figures
+                .iter()
+                .map(|d| format!("{:.0}", d.as_secs_f64() * 1e6))
+                .collect::<Vec<_>>()
+                .join(" / ")
+        };
+        let pauses = Self::PAUSES
+            .iter()
+            .map(|pause| (pause.as_secs_f64() * 1e3).to_string())
+            .collect::<Vec<_>>()
+            .join(" / ");
         write!(
             f,
-            "disk flush ({} KB append + fdatasync, p50): {} back to back, {} after a {} ms pause",
+            "disk: a durable write's p50 after a pause of {pauses} ms (slept): journal block (4 KiB in place, O_DIRECT|O_DSYNC) {} us; append ({} KB + fdatasync, as Redis's file) {} us",
+            self.in_place.as_deref().map_or("n/a".into(), row),
             Self::APPEND / 1000,
-            us(self.back_to_back),
-            us(self.after_pause),
-            Self::PAUSE.as_millis()
+            row(&self.append)
         )
     }
 }
