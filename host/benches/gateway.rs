@@ -217,7 +217,9 @@ impl std::fmt::Display for DiskFlush {
         write!(
             f,
             "disk: a durable write's p50 after a requested pause of {pauses} ms: journal block (4 KiB in place, O_DIRECT|O_DSYNC) {} us; append ({} KB + fdatasync, as Redis's file) {} us",
-            self.in_place.as_deref().map_or("(no O_DIRECT here)".into(), row),
+            self.in_place
+                .as_deref()
+                .map_or("(no O_DIRECT here)".into(), row),
             Self::APPEND / 1000,
             row(&self.append)
         )

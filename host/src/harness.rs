@@ -7,10 +7,13 @@ use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use axum::http::{HeaderName, HeaderValue};
+
 use obol_harness::protocol::{self, Reply, Request};
 
 use crate::catalog::{Connector, load_connector};
 use crate::config::RuntimeConfig;
+use crate::outbound::component_header;
 use crate::runtime::manifest::{
     BodyRule, Broker, Manifest, Propagation, RouteKind, StatusClass, ToolSpec, classify_body,
 };
@@ -116,16 +119,14 @@ async fn answer(runtime: &Runtime, connector: &Connector, request: Request) -> R
             headers,
             body,
         } => {
+            let headers = match component_headers(headers) {
+                Ok(headers) => headers,
+                Err(why) => return Reply::Misused(why),
+            };
             let class = classify(spec, status, &body);
             let response = wit::VendorResponse {
                 status,
-                headers: headers
-                    .into_iter()
-                    .map(|h| wit::Header {
-                        name: h.name,
-                        value: h.value,
-                    })
-                    .collect(),
+                headers,
                 body,
             };
             match runtime
@@ -250,6 +251,25 @@ fn class_view(class: StatusClass) -> protocol::StatusClass {
         StatusClass::Retryable => protocol::StatusClass::Retryable,
         StatusClass::Unknown => protocol::StatusClass::Unknown,
     }
+}
+
+/// A test's or a fixture's answer headers as the gateway would pass them to the component:
+/// parsed as HTTP headers (a name or value no vendor could send is the test's mistake, said
+/// as such), then the gateway's own rule on which reach it.
+fn component_headers(headers: Vec<protocol::Header>) -> Result<Vec<wit::Header>, String> {
+    let mut kept = Vec::with_capacity(headers.len());
+    for header in headers {
+        let name = HeaderName::from_bytes(header.name.as_bytes())
+            .map_err(|_| format!("{:?} is not an HTTP header name", header.name))?;
+        let value = HeaderValue::from_bytes(header.value.as_bytes()).map_err(|_| {
+            format!(
+                "the value of {name} holds a control character, which no HTTP header can: {:?}",
+                header.value
+            )
+        })?;
+        kept.extend(component_header(&name, &value));
+    }
+    Ok(kept)
 }
 
 fn request_view(request: wit::OutboundRequest) -> protocol::OutboundRequest {

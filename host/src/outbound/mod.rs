@@ -267,13 +267,7 @@ impl Outbound {
         let headers = response
             .headers()
             .iter()
-            .filter(|(name, _)| reaches_the_component(name))
-            .filter_map(|(name, value)| {
-                Some(wit::Header {
-                    name: name.as_str().to_owned(),
-                    value: value.to_str().ok()?.to_owned(),
-                })
-            })
+            .filter_map(|(name, value)| component_header(name, value))
             .collect();
         let mut body = Vec::new();
         loop {
@@ -296,6 +290,20 @@ impl Outbound {
     }
 }
 
+/// A vendor's response header as the component gets it, or `None` when it does not reach
+/// the component: a name that [`reaches_the_component`] keeps out, or a value that is not
+/// visible ASCII (the WIT contract's header values are strings). `obol harness` feeds a
+/// fixture's headers through here too, so a connector's tests see what its calls will.
+pub(crate) fn component_header(name: &HeaderName, value: &HeaderValue) -> Option<wit::Header> {
+    if !reaches_the_component(name) {
+        return None;
+    }
+    Some(wit::Header {
+        name: name.as_str().to_owned(),
+        value: value.to_str().ok()?.to_owned(),
+    })
+}
+
 /// Whether a vendor's response header is passed to the component (the SDK's
 /// `VendorResponse` documents the rule for connector authors). Cookies are sessions, a secret
 /// the component must not hold. Hop-by-hop headers describe the gateway's own connection to
@@ -303,7 +311,7 @@ impl Outbound {
 /// never gets), and each header passed is two strings copied into the guest on every call.
 /// A fixed list: names a `Connection` header lists are not parsed, so a vendor cannot hide a
 /// header a connector needs by naming it there.
-pub(crate) fn reaches_the_component(name: &HeaderName) -> bool {
+fn reaches_the_component(name: &HeaderName) -> bool {
     const HOP_BY_HOP: [&str; 7] = [
         "connection",
         "keep-alive",

@@ -131,24 +131,42 @@ impl Harness {
         }
     }
 
-    /// Feeds a canned vendor response to `interpret`, and checks what it returns as the
-    /// gateway does: within the output cap, structured output that is JSON, and on an answer
-    /// the tool's status classes accept, structured output that matches the tool's own output
-    /// schema. A panic says which (naming the failing field): the gateway would refuse every
-    /// such call.
+    /// Feeds a canned vendor response, with the one header `content-type: application/json`,
+    /// to `interpret`, and checks what it returns as the gateway does: within the output cap,
+    /// structured output that is JSON, and on an answer the tool's status classes accept,
+    /// structured output that matches the tool's own output schema. A panic says which
+    /// (naming the failing field): the gateway would refuse every such call.
     pub fn interpret(
         &self,
         tool: &str,
         status: u16,
         body: &[u8],
     ) -> Result<ToolOutput, InterpretError> {
+        self.interpret_with_headers(tool, status, &[("content-type", "application/json")], body)
+    }
+
+    /// [`Harness::interpret`] with the answer's headers given, for a connector that reads
+    /// them (a next page's cursor, a rate limit, a content type other than JSON). The
+    /// component gets them as a call's `interpret` would: names in lower case, without
+    /// cookies, hop-by-hop headers (`Connection`, `Keep-Alive`, `Transfer-Encoding`, ...) and
+    /// values that are not visible ASCII. A name or a value no HTTP answer could carry panics.
+    pub fn interpret_with_headers(
+        &self,
+        tool: &str,
+        status: u16,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Result<ToolOutput, InterpretError> {
         let request = Request::Interpret {
             tool: tool.to_owned(),
             status,
-            headers: vec![Header {
-                name: "content-type".into(),
-                value: "application/json".into(),
-            }],
+            headers: headers
+                .iter()
+                .map(|&(name, value)| Header {
+                    name: name.to_owned(),
+                    value: value.to_owned(),
+                })
+                .collect(),
             body: body.to_vec(),
         };
         match self.sandbox.ask(&request) {
@@ -410,11 +428,9 @@ impl Harness {
                 .headers()
                 .iter()
                 .filter(|(name, _)| !secret_header(name.as_str()))
-                .map(|(name, value)| {
-                    (
-                        name.to_string(),
-                        value.to_str().unwrap_or_default().to_owned(),
-                    )
+                // A value that is not visible ASCII never reaches a component.
+                .filter_map(|(name, value)| {
+                    Some((name.to_string(), value.to_str().ok()?.to_owned()))
                 })
                 .collect();
             let body = answer.text().await.unwrap_or_default();
@@ -440,8 +456,8 @@ impl Harness {
         recorded
     }
 
-    /// Feeds a recorded exchange to `interpret`, with the same checks as
-    /// [`Harness::interpret`].
+    /// Feeds a recorded exchange (its status, headers and body) to `interpret`, with the same
+    /// checks as [`Harness::interpret_with_headers`].
     pub fn replay(&self, fixture: &Path) -> Result<ToolOutput, InterpretError> {
         let text = std::fs::read_to_string(fixture).unwrap_or_else(|e| {
             panic!(
@@ -451,7 +467,17 @@ impl Harness {
         });
         let recorded: Fixture = serde_json::from_str(&text)
             .unwrap_or_else(|e| panic!("{}: not a fixture: {e}", fixture.display()));
-        self.interpret(&recorded.tool, recorded.status, recorded.body.as_bytes())
+        let headers: Vec<(&str, &str)> = recorded
+            .headers
+            .iter()
+            .map(|(name, value)| (name.as_str(), value.as_str()))
+            .collect();
+        self.interpret_with_headers(
+            &recorded.tool,
+            recorded.status,
+            &headers,
+            recorded.body.as_bytes(),
+        )
     }
 }
 

@@ -7,7 +7,7 @@
 //! | `stray` | `prepare` reads a byte 3 GiB into its address space, far past its memory |
 //! | `foreign` | `prepare` targets `http://203.0.113.7/steal`, outside the connection's origin |
 //! | `flood` | `interpret` returns 8 MiB of text (under the memory cap, over the output cap) |
-//! | `peek` | `prepare` POSTs everything the component can see to `{base}/peek` |
+//! | `peek` | `prepare` POSTs everything the component can see to `{base}/peek`; `interpret` returns the answer's headers, one `name: value` a line, a blank line, then its body |
 //! | `relay` | `interpret` relays the vendor's JSON as structured output, unchecked, under a declared output schema |
 //! | `echo` | none: POSTs the arguments to `{base}/echo` and returns the reply |
 //!
@@ -80,7 +80,17 @@ impl Connector for Hostile {
                     Err(error) => Err(error),
                 }
             }
-            "spin" | "bomb" | "foreign" | "peek" => Ok(ToolOutput::text(response.text()?)),
+            "peek" => {
+                let mut seen: String = response
+                    .headers
+                    .iter()
+                    .map(|(name, value)| format!("{name}: {value}\n"))
+                    .collect();
+                seen.push('\n');
+                seen.push_str(&response.text()?);
+                Ok(ToolOutput::text(seen))
+            }
+            "spin" | "bomb" | "foreign" => Ok(ToolOutput::text(response.text()?)),
             _ => Err(InterpretError::UnknownTool),
         }
     }

@@ -95,3 +95,59 @@ fn an_exchange_is_recorded_without_its_secrets_and_replayed_without_the_vendor()
     assert_eq!(structured["title"], "recorded");
     let _ = std::fs::remove_file(&fixture);
 }
+
+/// A replay gives the component the headers the vendor sent, as a call would: a connector
+/// that reads a cursor or a content type from them is tested on what it will get.
+#[test]
+fn a_replay_feeds_the_component_the_recorded_headers() {
+    let harness = obol_harness::build_this_crate!();
+    let fixture = std::env::temp_dir().join(format!("obol-headers-{}.json", std::process::id()));
+    let recorded = obol_sdk::serde_json::json!({
+        "tool": "peek",
+        "status": 200,
+        "headers": [
+            ["Content-Type", "text/csv"],
+            ["x-next-page", "3"],
+            ["link", "<http://vendor.test/items?page=3>; rel=\"next\""],
+            ["connection", "keep-alive"],
+            ["keep-alive", "timeout=5"],
+            ["transfer-encoding", "chunked"],
+            ["x-note", "caf\u{e9}"]
+        ],
+        "body": "id,total\n1,500\n"
+    });
+    std::fs::write(&fixture, recorded.to_string()).unwrap();
+    let output = harness.replay(&fixture);
+    let _ = std::fs::remove_file(&fixture);
+    let Some(obol_harness::Content::Text(seen)) = output.unwrap().content.into_iter().next() else {
+        panic!("peek answers with text");
+    };
+    let (headers, body) = seen.split_once("\n\n").unwrap();
+    assert_eq!(
+        headers.lines().collect::<Vec<_>>(),
+        [
+            "content-type: text/csv",
+            "x-next-page: 3",
+            r#"link: <http://vendor.test/items?page=3>; rel="next""#,
+        ],
+        "the recorded headers, named in lower case, without hop-by-hop ones or a value that \
+         is not visible ASCII, as a call gets them"
+    );
+    assert_eq!(body, "id,total\n1,500\n");
+}
+
+/// Headers written by hand that no HTTP answer could carry fail the test that wrote them,
+/// saying which.
+#[test]
+#[should_panic(expected = "\"x note\" is not an HTTP header name")]
+fn a_header_name_no_answer_could_carry_fails_the_test() {
+    let harness = obol_harness::build_this_crate!();
+    let _ = harness.interpret_with_headers("peek", 200, &[("x note", "1")], b"");
+}
+
+#[test]
+#[should_panic(expected = "the value of x-note holds a control character")]
+fn a_header_value_no_answer_could_carry_fails_the_test() {
+    let harness = obol_harness::build_this_crate!();
+    let _ = harness.interpret_with_headers("peek", 200, &[("x-note", "a\nb")], b"");
+}
