@@ -87,7 +87,7 @@ impl Connector for Hostile {
                     .map(|(name, value)| format!("{name}: {value}\n"))
                     .collect();
                 seen.push('\n');
-                seen.push_str(&response.text()?);
+                seen.push_str(response.text()?);
                 Ok(ToolOutput::text(seen))
             }
             "spin" | "bomb" | "foreign" => Ok(ToolOutput::text(response.text()?)),
