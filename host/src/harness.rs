@@ -7,13 +7,13 @@ use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use axum::http::{HeaderName, HeaderValue};
+use axum::http::{HeaderMap, HeaderName, HeaderValue};
 
 use obol_harness::protocol::{self, Reply, Request};
 
 use crate::catalog::{Connector, load_connector};
 use crate::config::RuntimeConfig;
-use crate::outbound::component_header;
+use crate::outbound::component_headers;
 use crate::runtime::manifest::{
     BodyRule, Broker, Manifest, Propagation, RouteKind, StatusClass, ToolSpec, classify_body,
 };
@@ -119,7 +119,7 @@ async fn answer(runtime: &Runtime, connector: &Connector, request: Request) -> R
             headers,
             body,
         } => {
-            let headers = match component_headers(headers) {
+            let headers = match answer_headers(headers) {
                 Ok(headers) => headers,
                 Err(why) => return Reply::Misused(why),
             };
@@ -253,23 +253,26 @@ fn class_view(class: StatusClass) -> protocol::StatusClass {
     }
 }
 
-/// A test's or a fixture's answer headers as the gateway would pass them to the component:
-/// parsed as HTTP headers (a name or value no vendor could send is the test's mistake, said
-/// as such), then the gateway's own rule on which reach it.
-fn component_headers(headers: Vec<protocol::Header>) -> Result<Vec<wit::Header>, String> {
-    let mut kept = Vec::with_capacity(headers.len());
+/// A test's or a fixture's answer headers as a call would pass them to the component: read
+/// as hyper reads an answer's (a value's surrounding spaces and tabs trimmed, a name's
+/// values gathered), then the gateway's own rule on which reach it. A name or value no
+/// answer could carry is the test's mistake, said as such.
+fn answer_headers(headers: Vec<protocol::Header>) -> Result<Vec<wit::Header>, String> {
+    let mut answer = HeaderMap::with_capacity(headers.len());
     for header in headers {
         let name = HeaderName::from_bytes(header.name.as_bytes())
             .map_err(|_| format!("{:?} is not an HTTP header name", header.name))?;
-        let value = HeaderValue::from_bytes(header.value.as_bytes()).map_err(|_| {
+        let value = header.value.trim_matches([' ', '\t']);
+        let value = HeaderValue::from_bytes(value.as_bytes()).map_err(|_| {
             format!(
-                "the value of {name} holds a control character, which no HTTP header can: {:?}",
-                header.value
+                "the value of {:?} holds a character no HTTP header value can (a control \
+                 character other than a tab): {:?}",
+                header.name, header.value
             )
         })?;
-        kept.extend(component_header(&name, &value));
+        answer.append(name, value);
     }
-    Ok(kept)
+    Ok(component_headers(&answer))
 }
 
 fn request_view(request: wit::OutboundRequest) -> protocol::OutboundRequest {

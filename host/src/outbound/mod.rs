@@ -264,11 +264,7 @@ impl Outbound {
         {
             return AttemptOutcome::TooLarge { status };
         }
-        let headers = response
-            .headers()
-            .iter()
-            .filter_map(|(name, value)| component_header(name, value))
-            .collect();
+        let headers = component_headers(response.headers());
         let mut body = Vec::new();
         loop {
             match response.chunk().await {
@@ -290,18 +286,22 @@ impl Outbound {
     }
 }
 
-/// A vendor's response header as the component gets it, or `None` when it does not reach
-/// the component: a name that [`reaches_the_component`] keeps out, or a value that is not
-/// visible ASCII (the WIT contract's header values are strings). `obol harness` feeds a
-/// fixture's headers through here too, so a connector's tests see what its calls will.
-pub(crate) fn component_header(name: &HeaderName, value: &HeaderValue) -> Option<wit::Header> {
-    if !reaches_the_component(name) {
-        return None;
-    }
-    Some(wit::Header {
-        name: name.as_str().to_owned(),
-        value: value.to_str().ok()?.to_owned(),
-    })
+/// A vendor's response headers as the component gets them: in the map's order (each name's
+/// values together, at its first place), without the names [`reaches_the_component`] keeps
+/// out or values that are not visible ASCII (the WIT contract's header values are strings).
+/// `obol harness` feeds a test's or fixture's headers through here too, so a connector's
+/// tests see what its calls will.
+pub(crate) fn component_headers(headers: &HeaderMap) -> Vec<wit::Header> {
+    headers
+        .iter()
+        .filter(|(name, _)| reaches_the_component(name))
+        .filter_map(|(name, value)| {
+            Some(wit::Header {
+                name: name.as_str().to_owned(),
+                value: value.to_str().ok()?.to_owned(),
+            })
+        })
+        .collect()
 }
 
 /// Whether a vendor's response header is passed to the component (the SDK's

@@ -378,10 +378,15 @@ fn secret_header(name: &str) -> bool {
 impl Harness {
     /// Sends what `prepare` builds for `tool` to the real vendor at [`Harness::base_url`]
     /// (with `credential` as one request header, as the gateway would add it), writes the
-    /// answer to `fixture`, and returns it. Secrets stay out of the file: headers that carry
-    /// credentials or sessions are dropped, and the credential's value is replaced wherever
-    /// the answer repeats it. Run it once (an ignored test, or behind an env var), commit
-    /// the fixture, and [`Harness::replay`] it in every run after.
+    /// answer to `fixture`, and returns it. Secrets stay out of the file: a header whose
+    /// name holds `authorization`, `cookie`, `token`, `secret`, `key` or `session` is dropped
+    /// (so is a next-page token sent as such a header: write that exchange's headers by hand
+    /// and use [`Harness::interpret_with_headers`]), and the credential's value is replaced
+    /// by `[redacted]` wherever the answer's headers or body repeat it (`content-length`
+    /// then counts the body as written). Run it once (an ignored test, or behind an env
+    /// var), commit the fixture, and [`Harness::replay`] it in every run after. The body is
+    /// kept byte for byte, so it must be UTF-8 text (a fixture is JSON); an answer that is
+    /// not panics, saying so.
     ///
     /// Needs the harness's `record` feature (`features = ["record"]`): the HTTP client it
     /// sends with is a build that replaying does not need.
@@ -428,19 +433,36 @@ impl Harness {
                 .headers()
                 .iter()
                 .filter(|(name, _)| !secret_header(name.as_str()))
-                // A value that is not visible ASCII never reaches a component.
-                .filter_map(|(name, value)| {
-                    Some((name.to_string(), value.to_str().ok()?.to_owned()))
+                // Kept as sent; the gateway's rule on which reach the component runs on replay.
+                .map(|(name, value)| {
+                    let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
+                    (name.to_string(), value)
                 })
                 .collect();
-            let body = answer.text().await.unwrap_or_default();
+            // As sent: `text()` would transcode by the content type's charset, and the
+            // component of a real call gets the bytes.
+            let body = answer.bytes().await.unwrap_or_default();
             (status, headers, body)
         });
-        let (status, headers, mut body) = answer;
+        let (status, mut headers, body) = answer;
+        let mut body = String::from_utf8(body.to_vec()).unwrap_or_else(|_| {
+            panic!(
+                "{tool}: the vendor's answer is not UTF-8 text, which a fixture cannot hold; \
+                 feed it to Harness::interpret_with_headers instead"
+            )
+        });
         if let Some((_, value)) = credential
             && !value.is_empty()
         {
             body = body.replace(value, "[redacted]");
+            for (_, header) in &mut headers {
+                *header = header.replace(value, "[redacted]");
+            }
+        }
+        for (name, value) in &mut headers {
+            if name == "content-length" {
+                *value = body.len().to_string();
+            }
         }
         let recorded = Fixture {
             tool: tool.to_owned(),

@@ -29,7 +29,8 @@ pub enum Request {
         settings: Vec<(String, String)>,
     },
     /// The component's `interpret` of a vendor answer, then the gateway's checks of what it
-    /// returned.
+    /// returned. The headers are read as an HTTP answer's and reach the component by the
+    /// gateway's rule (the SDK's `VendorResponse` states it).
     Interpret {
         tool: String,
         status: u16,
@@ -66,7 +67,8 @@ pub enum Reply {
     Classified(StatusClass),
     /// The component trapped, ran past its deadline or its memory limit.
     Failed(String),
-    /// The request names nothing the component has (a tool), or is not a request.
+    /// The request names nothing the component has (a tool), carries a header no HTTP
+    /// answer could, or is not a request.
     Misused(String),
 }
 

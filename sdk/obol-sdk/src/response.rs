@@ -9,8 +9,8 @@ use crate::error::InterpretError;
 /// `Set-Cookie` (a session is a secret) and the hop-by-hop ones (`Connection`, `Keep-Alive`,
 /// `Proxy-Connection`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`), which describe the
 /// gateway's connection, not the answer. Header names arrive in lower case, and headers
-/// whose value is not visible ASCII are left out. (`obol harness` replays a fixture's body
-/// with `content-type: application/json` only.)
+/// whose value is not visible ASCII are left out. `obol harness` gives a component a
+/// fixture's or a test's headers by the same rule.
 ///
 /// `interpret` does not decide success: the host has already classified the status with
 /// the tool's EffectSpec. The status is here so error bodies can be rendered helpfully.
