@@ -254,10 +254,19 @@ fn class_view(class: StatusClass) -> protocol::StatusClass {
 }
 
 /// A test's or a fixture's answer headers as a call would pass them to the component: read
-/// as hyper reads an answer's (a value's surrounding spaces and tabs trimmed, a name's
-/// values gathered), then the gateway's own rule on which reach it. A name or value no
-/// answer could carry is the test's mistake, said as such.
+/// as hyper reads an HTTP/1.1 answer's (a value's surrounding spaces and tabs trimmed, a
+/// name's values gathered), then the gateway's own rule on which reach it. A name or value
+/// no answer could carry is the test's mistake, said as such.
 fn answer_headers(headers: Vec<protocol::Header>) -> Result<Vec<wit::Header>, String> {
+    // hyper's default: the vendor client refuses an answer with more.
+    const MAX_HEADERS: usize = 100;
+    if headers.len() > MAX_HEADERS {
+        return Err(format!(
+            "{} headers: the gateway's HTTP client refuses an answer with more than \
+             {MAX_HEADERS}",
+            headers.len()
+        ));
+    }
     let mut answer = HeaderMap::with_capacity(headers.len());
     for header in headers {
         let name = HeaderName::from_bytes(header.name.as_bytes())

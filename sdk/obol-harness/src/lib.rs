@@ -147,9 +147,12 @@ impl Harness {
 
     /// [`Harness::interpret`] with the answer's headers given, for a connector that reads
     /// them (a next page's cursor, a rate limit, a content type other than JSON). The
-    /// component gets them as a call's `interpret` would: names in lower case, without
-    /// cookies, hop-by-hop headers (`Connection`, `Keep-Alive`, `Transfer-Encoding`, ...) and
-    /// values that are not visible ASCII. A name or a value no HTTP answer could carry panics.
+    /// component gets them as a call's `interpret` would from an HTTP/1.1 answer: names in
+    /// lower case, a name's values together at its first place, values trimmed of spaces and
+    /// tabs, without cookies, hop-by-hop headers (`Connection`, `Keep-Alive`,
+    /// `Transfer-Encoding`, ...) and values that are not visible ASCII. A name or a value no
+    /// HTTP answer could carry panics, as do more than 100 headers (the gateway's HTTP client
+    /// refuses such an answer).
     pub fn interpret_with_headers(
         &self,
         tool: &str,
@@ -382,8 +385,9 @@ impl Harness {
     /// name holds `authorization`, `cookie`, `token`, `secret`, `key` or `session` is dropped
     /// (so is a next-page token sent as such a header: write that exchange's headers by hand
     /// and use [`Harness::interpret_with_headers`]), and the credential's value is replaced
-    /// by `[redacted]` wherever the answer's headers or body repeat it (`content-length`
-    /// then counts the body as written). Run it once (an ignored test, or behind an env
+    /// (whole, and its token alone after a scheme such as `Bearer`) by `[redacted]` wherever
+    /// the answer's headers or body repeat it (`content-length` then counts the body as
+    /// written). Run it once (an ignored test, or behind an env
     /// var), commit the fixture, and [`Harness::replay`] it in every run after. The body is
     /// kept byte for byte, so it must be UTF-8 text (a fixture is JSON); an answer that is
     /// not panics, saying so.
@@ -433,7 +437,8 @@ impl Harness {
                 .headers()
                 .iter()
                 .filter(|(name, _)| !secret_header(name.as_str()))
-                // Kept as sent; the gateway's rule on which reach the component runs on replay.
+                // The gateway's rule on which reach the component runs on replay (a value that
+                // is not UTF-8 becomes one that is not ASCII, which it leaves out too).
                 .map(|(name, value)| {
                     let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
                     (name.to_string(), value)
@@ -441,7 +446,10 @@ impl Harness {
                 .collect();
             // As sent: `text()` would transcode by the content type's charset, and the
             // component of a real call gets the bytes.
-            let body = answer.bytes().await.unwrap_or_default();
+            let body = answer
+                .bytes()
+                .await
+                .unwrap_or_else(|e| panic!("{tool}: the vendor's answer broke off: {e}"));
             (status, headers, body)
         });
         let (status, mut headers, body) = answer;
@@ -451,17 +459,26 @@ impl Harness {
                  feed it to Harness::interpret_with_headers instead"
             )
         });
-        if let Some((_, value)) = credential
-            && !value.is_empty()
-        {
-            body = body.replace(value, "[redacted]");
-            for (_, header) in &mut headers {
-                *header = header.replace(value, "[redacted]");
+        let sent = body.len();
+        if let Some((_, value)) = credential {
+            // The whole value, then its token alone where it has a scheme (`Bearer sk_...`):
+            // a vendor may echo either.
+            let token = value.split_once(' ').map(|(_, token)| token.trim());
+            for secret in [Some(value), token].into_iter().flatten() {
+                if secret.is_empty() {
+                    continue;
+                }
+                body = body.replace(secret, "[redacted]");
+                for (_, header) in &mut headers {
+                    *header = header.replace(secret, "[redacted]");
+                }
             }
         }
-        for (name, value) in &mut headers {
-            if name == "content-length" {
-                *value = body.len().to_string();
+        if body.len() != sent {
+            for (name, value) in &mut headers {
+                if name == "content-length" {
+                    *value = body.len().to_string();
+                }
             }
         }
         let recorded = Fixture {

@@ -8,9 +8,9 @@ use crate::error::InterpretError;
 /// The vendor's HTTP response, as the host received it, less the headers the gateway keeps:
 /// `Set-Cookie` (a session is a secret) and the hop-by-hop ones (`Connection`, `Keep-Alive`,
 /// `Proxy-Connection`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`), which describe the
-/// gateway's connection, not the answer. Header names arrive in lower case, and headers
-/// whose value is not visible ASCII are left out. `obol harness` gives a component a
-/// fixture's or a test's headers by the same rule.
+/// gateway's connection, not the answer. Header names arrive in lower case, a name's values
+/// together at its first place, and headers whose value is not visible ASCII are left out.
+/// `obol harness` gives a component a fixture's or a test's headers by the same rule.
 ///
 /// `interpret` does not decide success: the host has already classified the status with
 /// the tool's EffectSpec. The status is here so error bodies can be rendered helpfully.

@@ -51,6 +51,7 @@ fn a_prepare_that_never_returns_is_stopped_at_the_deadline() {
 #[test]
 fn an_exchange_is_recorded_without_its_secrets_and_replayed_without_the_vendor() {
     use std::io::{Read, Write};
+    const TOKEN: &str = "sk_test_CanaryNeverInAFixture";
     const CREDENTIAL: &str = "Bearer sk_test_CanaryNeverInAFixture";
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -59,9 +60,12 @@ fn an_exchange_is_recorded_without_its_secrets_and_replayed_without_the_vendor()
         let mut request = vec![0u8; 8192];
         let n = stream.read(&mut request).unwrap();
         let request = String::from_utf8_lossy(&request[..n]).to_ascii_lowercase();
-        let body = format!(r#"{{"number": 7, "title": "recorded", "echo": "{CREDENTIAL}"}}"#);
+        // Its charset is not the body's: the fixture keeps the bytes a call would pass on.
+        let body = format!(
+            r#"{{"number": 7, "title": "recorded", "note": "café", "echo": "{CREDENTIAL}", "hint": "invalid {TOKEN}"}}"#
+        );
         let answer = format!(
-            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nset-cookie: session=s3cr3t\r\nx-api-key: k3y\r\nx-next-page: 3\r\nx-echo: {CREDENTIAL}\r\nx-note: caf\u{e9}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json; charset=iso-8859-1\r\nset-cookie: session=s3cr3t\r\nx-api-key: k3y\r\nx-next-page: 3\r\nx-echo: {CREDENTIAL}\r\nx-hint: invalid {TOKEN}\r\nx-note: caf\u{e9}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
             body.len()
         );
         stream.write_all(answer.as_bytes()).unwrap();
@@ -93,6 +97,10 @@ fn an_exchange_is_recorded_without_its_secrets_and_replayed_without_the_vendor()
     let structured: obol_sdk::serde_json::Value =
         obol_sdk::serde_json::from_str(output.structured.as_deref().unwrap()).unwrap();
     assert_eq!(structured["title"], "recorded");
+    assert_eq!(
+        structured["note"], "caf\u{e9}",
+        "the body's bytes, not transcoded"
+    );
 
     // The recorded headers reach the component as a call's would: `peek` shows them.
     let mut as_peek: obol_sdk::serde_json::Value = obol_sdk::serde_json::from_str(&text).unwrap();
@@ -106,9 +114,10 @@ fn an_exchange_is_recorded_without_its_secrets_and_replayed_without_the_vendor()
     assert_eq!(
         headers,
         [
-            "content-type: application/json".to_owned(),
+            "content-type: application/json; charset=iso-8859-1".to_owned(),
             "x-next-page: 3".to_owned(),
             "x-echo: [redacted]".to_owned(),
+            "x-hint: invalid [redacted]".to_owned(),
             format!("content-length: {}", written.len()),
         ],
         "no cookie, no header named for a key, no value that is not visible ASCII, no \
@@ -184,4 +193,15 @@ fn a_header_name_no_answer_could_carry_fails_the_test() {
 fn a_header_value_no_answer_could_carry_fails_the_test() {
     let harness = obol_harness::build_this_crate!();
     let _ = harness.interpret_with_headers("peek", 200, &[("x-note", "a\nb")], b"");
+}
+
+#[test]
+#[should_panic(
+    expected = "101 headers: the gateway's HTTP client refuses an answer with more than 100"
+)]
+fn more_headers_than_an_answer_may_carry_fail_the_test() {
+    let harness = obol_harness::build_this_crate!();
+    let names: Vec<String> = (0..101).map(|n| format!("x-h{n}")).collect();
+    let headers: Vec<(&str, &str)> = names.iter().map(|name| (name.as_str(), "1")).collect();
+    let _ = harness.interpret_with_headers("peek", 200, &headers, b"");
 }
