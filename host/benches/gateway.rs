@@ -13,6 +13,7 @@
 //! vendor, gateway and client as separate processes, the way a deployment runs. Client,
 //! gateway, Redis, mock vendor and mock upstream share the machine's cores.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -50,11 +51,16 @@ fn main() {
     let only = std::env::var("OBOL_BENCH").unwrap_or_default();
     let wanted = |section: &str| only.is_empty() || only.split(',').any(|s| s == section);
     // Can move the durable figures, and differs from host to host and run to run.
+    let mut floor = None;
     if ["store", "e2e", "outside", "soak"]
         .iter()
         .any(|s| wanted(s))
     {
-        println!("{}", DiskFlush::measure());
+        let disk = DiskFlush::measure();
+        println!("{disk}");
+        let costs = HostCosts::measure();
+        println!("{costs}");
+        floor = Some(Floor::of(&disk, &costs));
     }
     println!();
     if wanted("memory") {
@@ -87,11 +93,131 @@ fn main() {
         runtime.block_on(stateless_versus_session());
     }
     if wanted("outside") {
-        runtime.block_on(outside());
+        runtime.block_on(outside(floor));
     }
     // Not in the default run: ten minutes by default.
     if only.split(',').any(|s| s == "soak") {
         runtime.block_on(soak());
+    }
+}
+
+/// What this host charges for the kernel's part of a call, which differs from host to host
+/// far more than the gateway's own code does: the same build has taken three times the CPU a
+/// call on one host as on another (docs/performance.md). A system call, a round trip to a
+/// thread asleep on a read (two wake-ups: it, then the caller), and a loopback TCP round trip
+/// (the transport of the MCP hop a gateway adds to a call), each the p50 of its samples.
+struct HostCosts {
+    system_call: Duration,
+    wake_round_trip: Duration,
+    loopback_round_trip: Duration,
+}
+
+impl HostCosts {
+    const SAMPLES: usize = 2_000;
+    /// System calls timed together, since one is not much longer than reading the clock.
+    const BATCH: u32 = 100;
+
+    fn measure() -> HostCosts {
+        // The p50 of 200 batches' means.
+        let mut calls: Vec<Duration> = (0..Self::SAMPLES / 10)
+            .map(|_| {
+                let start = Instant::now();
+                for _ in 0..Self::BATCH {
+                    std::hint::black_box(rustix::process::getppid());
+                }
+                start.elapsed() / Self::BATCH
+            })
+            .collect();
+        let (a, b) = std::os::unix::net::UnixStream::pair().expect("a socket pair");
+        let (c, d) = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+            let client = std::net::TcpStream::connect(listener.local_addr().unwrap())
+                .expect("a loopback connection");
+            (client, listener.accept().expect("the connection").0)
+        };
+        for stream in [&c, &d] {
+            stream.set_nodelay(true).expect("TCP_NODELAY");
+        }
+        HostCosts {
+            system_call: percentiles(&mut calls).0,
+            wake_round_trip: Self::round_trips(a, b),
+            loopback_round_trip: Self::round_trips(c, d),
+        }
+    }
+
+    /// The p50 of one-byte round trips from this thread to another one that blocks reading
+    /// `far` and echoes what it reads.
+    fn round_trips<S>(mut near: S, mut far: S) -> Duration
+    where
+        S: std::io::Read + std::io::Write + Send + 'static,
+    {
+        let echo = std::thread::spawn(move || {
+            let mut byte = [0u8];
+            while far.read_exact(&mut byte).is_ok() && far.write_all(&byte).is_ok() {}
+        });
+        let mut byte = [0u8];
+        let mut took: Vec<Duration> = (0..Self::SAMPLES)
+            .map(|_| {
+                let start = Instant::now();
+                near.write_all(&byte).expect("a byte out");
+                near.read_exact(&mut byte).expect("the byte back");
+                start.elapsed()
+            })
+            .collect();
+        drop(near);
+        echo.join().expect("the echoing thread");
+        percentiles(&mut took).0
+    }
+}
+
+impl std::fmt::Display for HostCosts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let fine = |d: Duration| format!("{:.2} us", d.as_secs_f64() * 1e6);
+        write!(
+            f,
+            "host: p50 of a system call {}; a round trip to a thread asleep on a read {} (two wake-ups, Unix socket pair); a loopback TCP round trip {} (one byte each way)",
+            fine(self.system_call),
+            fine(self.wake_round_trip),
+            fine(self.loopback_round_trip)
+        )
+    }
+}
+
+/// What this rig's transport and the lifecycle's two durable writes (a claim before the vendor
+/// is called, a finalize before the answer) cost on this host, each part's p50 added up: the
+/// MCP hop the gateway adds (one loopback round trip; the direct call's own hop to the vendor
+/// is matched by the gateway's) and two writes of the store's kind, at the cheapest of the
+/// disk probe's pauses of at least [`Floor::APART`]. Redis's writes are round trips too. No
+/// CPU is counted: parsing, routing, the guest and the store's own work come on top. Sums of
+/// p50s measured on an idle host, before the rig starts: a guide to what is left above this
+/// host's transport and disk, not a bound a call cannot beat.
+struct Floor {
+    /// `None` where the filesystem refuses `O_DIRECT`, so the journal's kind was not measured.
+    embedded: Option<Duration>,
+    redis: Duration,
+}
+
+impl Floor {
+    /// A c=1 call's two writes are at least a dispatch apart (80-230 us measured here).
+    const APART: Duration = Duration::from_micros(100);
+
+    fn of(disk: &DiskFlush, host: &HostCosts) -> Floor {
+        let cheapest = |figures: &[Duration]| {
+            DiskFlush::PAUSES
+                .iter()
+                .zip(figures)
+                .filter(|(pause, _)| **pause >= Self::APART)
+                .map(|(_, took)| *took)
+                .min()
+                .unwrap_or_default()
+        };
+        Floor {
+            embedded: disk
+                .in_place
+                .as_deref()
+                .map(|journal| host.loopback_round_trip + 2 * cheapest(journal)),
+            redis: 3 * host.loopback_round_trip + 2 * cheapest(&disk.small_append),
+        }
     }
 }
 
@@ -100,15 +226,16 @@ fn main() {
 /// a write that follows another at once has cost several times less than one after an idle
 /// fraction of a millisecond, and a gateway's writes come with pauses between them. Two
 /// kinds of write, the two stores': the embedded journal's (a 4 KiB block overwritten in
-/// place through `O_DIRECT | O_DSYNC`, no metadata to flush) and a 20 KB append with
-/// `fdatasync` as Redis's append-only file makes (the file grows, so each flush also commits
-/// the filesystem's journal). Printed so that a run's durable figures can be read against
-/// their disk.
+/// place through `O_DIRECT | O_DSYNC`, no metadata to flush) and appends with `fdatasync`
+/// as Redis's append-only file takes them (the file grows, so each flush also commits the
+/// filesystem's journal): 20 KB, a group commit of a call or two, and 2 KB, one script's
+/// write at c=1. Printed so that a run's durable figures can be read against their disk.
 struct DiskFlush {
     /// The p50 of each kind after each of [`DiskFlush::PAUSES`]; `None` where the filesystem
     /// refuses `O_DIRECT`.
     in_place: Option<Vec<Duration>>,
     append: Vec<Duration>,
+    small_append: Vec<Duration>,
 }
 
 impl DiskFlush {
@@ -123,6 +250,8 @@ impl DiskFlush {
     ];
     /// About what a group commit of a call or two writes to Redis's file.
     const APPEND: usize = 20_000;
+    /// About what one script writes to it at c=1 (a claim 1.4 KB, a finalize 3.7 KB).
+    const SMALL_APPEND: usize = 2_000;
     /// Enough for a stable p50 in about two seconds in all.
     const SAMPLES: usize = 200;
 
@@ -134,7 +263,11 @@ impl DiskFlush {
             in_place: Self::in_place(&dir.path().join("blocks")),
             append: Self::PAUSES
                 .iter()
-                .map(|pause| Self::append(&dir.path().join("append"), *pause))
+                .map(|pause| Self::append(&dir.path().join("append"), Self::APPEND, *pause))
+                .collect(),
+            small_append: Self::PAUSES
+                .iter()
+                .map(|pause| Self::append(&dir.path().join("small"), Self::SMALL_APPEND, *pause))
                 .collect(),
         }
     }
@@ -181,11 +314,12 @@ impl DiskFlush {
         Some(figures)
     }
 
-    /// The p50 of appends to a new file, each written and `fdatasync`ed, then `pause`.
-    fn append(path: &std::path::Path, pause: Duration) -> Duration {
+    /// The p50 of appends of `size` bytes to a new file, each written and `fdatasync`ed, then
+    /// `pause`.
+    fn append(path: &std::path::Path, size: usize, pause: Duration) -> Duration {
         use std::io::Write;
         let mut file = std::fs::File::create(path).expect("a file to append to");
-        let bytes = vec![b'x'; Self::APPEND];
+        let bytes = vec![b'x'; size];
         let mut took: Vec<Duration> = (0..Self::SAMPLES)
             .map(|_| {
                 let start = Instant::now();
@@ -216,12 +350,14 @@ impl std::fmt::Display for DiskFlush {
             .join(" / ");
         write!(
             f,
-            "disk: a durable write's p50 after a requested pause of {pauses} ms: journal block (4 KiB in place, O_DIRECT|O_DSYNC) {} us; append ({} KB + fdatasync, as Redis's file) {} us",
+            "disk: a durable write's p50 after a requested pause of {pauses} ms: journal block (4 KiB in place, O_DIRECT|O_DSYNC) {} us; append + fdatasync, as Redis's file, of {} KB {} us, of {} KB {} us",
             self.in_place
                 .as_deref()
                 .map_or("(no O_DIRECT here)".into(), row),
             Self::APPEND / 1000,
-            row(&self.append)
+            row(&self.append),
+            Self::SMALL_APPEND / 1000,
+            row(&self.small_append)
         )
     }
 }
@@ -554,30 +690,99 @@ fn resident_anon_and_file_mib(pid: &str) -> (f64, f64) {
     )
 }
 
-/// A process's CPU time so far (user + system), from `/proc`.
-fn cpu_of(process: &str) -> Duration {
-    // Fields after the command's closing parenthesis: utime and stime are the 12th and 13th.
-    stat_ticks(process, &[11, 12])
-}
-
 /// A process's CPU time so far with that of its children it has waited for (user + system).
 fn cpu_with_children_of(process: &str) -> Duration {
     // cutime and cstime are the 14th and 15th fields after the parenthesis.
-    stat_ticks(process, &[11, 12, 13, 14])
+    stat_ticks_each(process, [11, 12, 13, 14]).iter().sum()
 }
 
-/// The sum of some of `/proc/PROCESS/stat`'s clock-tick fields (100 ticks a second on
-/// Linux), counted from the first field after the command's closing parenthesis.
-fn stat_ticks(process: &str, indexes: &[usize]) -> Duration {
+/// Some of `/proc/PROCESS/stat`'s clock-tick fields (100 ticks a second on Linux), counted
+/// from the first field after the command's closing parenthesis, from one read of the file.
+fn stat_ticks_each<const N: usize>(process: &str, indexes: [usize; N]) -> [Duration; N] {
     let stat = std::fs::read_to_string(format!("/proc/{process}/stat")).unwrap_or_default();
     let fields: Vec<&str> = stat
         .rsplit_once(')')
         .map_or(vec![], |(_, rest)| rest.split_whitespace().collect());
-    let ticks: u64 = indexes
-        .iter()
-        .filter_map(|&i| fields.get(i)?.parse::<u64>().ok())
-        .sum();
-    Duration::from_millis(ticks * 10)
+    indexes.map(|i| {
+        let ticks = fields.get(i).and_then(|f| f.parse::<u64>().ok());
+        Duration::from_millis(ticks.unwrap_or(0) * 10)
+    })
+}
+
+/// A process's CPU time and its threads' context switches so far, from `/proc`.
+struct Usage {
+    user: Duration,
+    system: Duration,
+    /// Voluntary (the thread waited) and involuntary (it was preempted), by thread id: a
+    /// thread that ends between two snapshots takes its switches with it.
+    switches: BTreeMap<String, u64>,
+}
+
+impl Usage {
+    fn of(process: &str) -> Usage {
+        let switches = std::fs::read_dir(format!("/proc/{process}/task"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|task| {
+                let status =
+                    std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+                let count: u64 = status
+                    .lines()
+                    .filter(|line| line.contains("voluntary_ctxt_switches:"))
+                    .filter_map(|line| line.split(':').nth(1)?.trim().parse::<u64>().ok())
+                    .sum();
+                (task.file_name().to_string_lossy().into_owned(), count)
+            })
+            .collect();
+        // Fields after the command's closing parenthesis: utime and stime are the 12th and
+        // 13th. The kernel apportions a thread's time between them by sampling; their sum is
+        // exact.
+        let [user, system] = stat_ticks_each(process, [11, 12]);
+        Usage {
+            user,
+            system,
+            switches,
+        }
+    }
+}
+
+/// What a gateway's runs used, and the calls they made.
+#[derive(Debug, Clone, Copy, Default)]
+struct RunsUsage {
+    user: Duration,
+    system: Duration,
+    switches: u64,
+    calls: f64,
+}
+
+impl RunsUsage {
+    /// Adds a run that made `calls` calls between the two snapshots.
+    fn add(&mut self, before: &Usage, after: &Usage, calls: f64) {
+        self.user += after.user.saturating_sub(before.user);
+        self.system += after.system.saturating_sub(before.system);
+        self.switches += after
+            .switches
+            .iter()
+            .map(|(task, count)| {
+                count.saturating_sub(before.switches.get(task).copied().unwrap_or(0))
+            })
+            .sum::<u64>();
+        self.calls += calls;
+    }
+}
+
+impl std::fmt::Display for RunsUsage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let calls = self.calls.max(1.0);
+        write!(
+            f,
+            "gateway CPU a call {} user + {} system, {:.1} context switches a call",
+            us(self.user.div_f64(calls)),
+            us(self.system.div_f64(calls)),
+            self.switches as f64 / calls
+        )
+    }
 }
 
 /// Resident memory of a process (`self` or a pid), from `/proc`.
@@ -1874,9 +2079,9 @@ impl OutsideGateway {
         self.child.0.id().to_string()
     }
 
-    /// The gateway process's CPU time so far (user + system).
-    fn cpu(&self) -> Duration {
-        cpu_of(&self.pid())
+    /// The gateway process's CPU time and context switches so far.
+    fn usage(&self) -> Usage {
+        Usage::of(&self.pid())
     }
 
     /// Seconds spent so far in each timed lifecycle phase (claim, dispatch, finalize), summed
@@ -1918,7 +2123,7 @@ impl OutsideGateway {
 /// As a deployment runs: the vendor (Node), the gateway (`obol serve`, embedded store and
 /// Redis) and this client in separate processes on loopback. The same Stripe-shaped read,
 /// direct and through Obol, interleaved within each run; medians of 3 runs.
-async fn outside() {
+async fn outside(floor: Option<Floor>) {
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(64)
         .build()
@@ -1943,6 +2148,9 @@ async fn outside() {
     for concurrency in [1usize, 32] {
         let mut runs: Vec<Vec<Figures>> = (0..=rig.gateways.len()).map(|_| Vec::new()).collect();
         let mut cpu: Vec<Vec<Duration>> = vec![Vec::new(); rig.gateways.len()];
+        // The gateway's user and system CPU and its threads' context switches a call, summed
+        // over the three runs (the column above is the median run's total CPU).
+        let mut usage = vec![RunsUsage::default(); rig.gateways.len()];
         // Each Redis gateway's redis-server's CPU per call during its runs, its AOF rewrites
         // included once they finish (its store's share of the two cores).
         let mut store_cpu: Vec<Vec<Duration>> = vec![Vec::new(); rig.gateways.len()];
@@ -1957,7 +2165,7 @@ async fn outside() {
             }
             for i in order {
                 let gateway = &rig.gateways[i];
-                let (before, phases_before) = (gateway.cpu(), gateway.phases(&http).await);
+                let (before, phases_before) = (gateway.usage(), gateway.phases(&http).await);
                 let server = gateway.redis.map(|index| &rig.redis[index]);
                 let store_before = server.map(Redis::cpu);
                 let figures = load(concurrency, gateway.call(&http)).await;
@@ -1965,7 +2173,13 @@ async fn outside() {
                 // and counts to it, not to the next run.
                 rig.settle();
                 let calls = WARM_UP as f64 + figures.rate * RUN_FOR.as_secs_f64();
-                cpu[i].push((gateway.cpu() - before).div_f64(calls));
+                let after = gateway.usage();
+                cpu[i].push(
+                    (after.user + after.system)
+                        .saturating_sub(before.user + before.system)
+                        .div_f64(calls),
+                );
+                usage[i].add(&before, &after, calls);
                 if let (Some(server), Some(before)) = (server, store_before) {
                     store_cpu[i].push((server.cpu() - before).div_f64(calls));
                 }
@@ -2028,12 +2242,13 @@ async fn outside() {
         // Where a call's wall time goes inside the gateway, from its own phase timers; the
         // rest of a call's mean time in flight (concurrency / rate, Little's law) is the
         // client, the MCP hop, parsing, routing, the guest's prepare and the response.
-        for (((gateway, phases), figures), store_cpu) in rig
+        for (i, (((gateway, phases), figures), store_cpu)) in rig
             .gateways
             .iter()
             .zip(&phases)
             .zip(&runs[1..])
             .zip(&store_cpu)
+            .enumerate()
         {
             let mean = |(sum, count): (f64, f64)| {
                 Duration::from_secs_f64(if count > 0.0 { sum / count } else { 0.0 })
@@ -2045,12 +2260,20 @@ async fn outside() {
                 None => String::new(),
             };
             println!(
-                "    {} c={concurrency}, mean per call: in flight {}, claim {}, dispatch {}, finalize {}{store}",
+                "    {} c={concurrency}, mean per call: in flight {}, claim {}, dispatch {}, finalize {}{store}; {}",
                 gateway.name,
                 us(Duration::from_secs_f64(concurrency as f64 / rate)),
                 us(claim),
                 us(dispatch),
-                us(finalize)
+                us(finalize),
+                usage[i]
+            );
+        }
+        if let (1, Some(floor)) = (concurrency, &floor) {
+            println!(
+                "    transport and durable writes alone, each part's p50 added (no CPU; the MCP hop's loopback round trip and two journal writes, for Redis three round trips and two 2 KB appends): embedded +{}, Redis +{}",
+                floor.embedded.map_or("(no O_DIRECT here)".into(), us),
+                us(floor.redis)
             );
         }
     }
