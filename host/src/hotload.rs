@@ -96,9 +96,8 @@ async fn reload(gateway: &Arc<Gateway>) -> bool {
 type Job = Box<dyn FnOnce() + Send>;
 
 /// Runs `job` on the one thread that compiles and rebuilds catalogs. Not the blocking pool:
-/// there each swap ran on whichever short-lived thread was free, and glibc's per-thread
-/// arenas (the allocator before ADR-0069) kept what those threads freed (RSS +0.27 MiB per
-/// swap at c=32).
+/// there each swap ran on whichever short-lived thread was free, and the allocator's
+/// per-thread arenas kept what those threads freed (RSS +0.27 MiB per swap at c=32).
 async fn on_the_loader_thread<T: Send + 'static>(
     job: impl FnOnce() -> T + Send + 'static,
 ) -> Option<T> {

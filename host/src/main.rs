@@ -15,13 +15,6 @@ use obol::config::{Config, RuntimeConfig};
 use obol::policy::KeyHash;
 use obol::runtime::Runtime;
 
-/// mimalloc 3 at its own defaults (freed memory returned no sooner than a second later,
-/// `MIMALLOC_PURGE_DELAY` to change it), built without asking for transparent huge pages: about a seventh of the
-/// gateway's CPU at c=32 was glibc's malloc and free (ADR-0069). Only the binary installs it;
-/// a program that links the library keeps its own allocator.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 #[derive(Parser)]
 #[command(
     name = "obol",
