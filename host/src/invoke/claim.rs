@@ -29,7 +29,9 @@ pub struct Claimed {
 /// the next compare-and-set expects).
 #[derive(Debug)]
 pub struct Invocation {
-    pub plan: Planned,
+    /// Boxed (by `prepare`): each phase moves the invocation into the next, and the plan
+    /// would be most of its bytes (1.6 of 2.2 KB).
+    pub plan: Box<Planned>,
     pub record: ClaimRecord,
 }
 
@@ -68,7 +70,7 @@ impl Planned {
 
     /// Takes an existing slot for a new attempt. Only under its whole pin: a call prepared by
     /// another connector version than the slot's is the same call, but not the same request.
-    fn take(self, record: ClaimRecord, next: ClaimRecord) -> Result<Claimed, Answer> {
+    fn take(self: Box<Self>, record: ClaimRecord, next: ClaimRecord) -> Result<Claimed, Answer> {
         if record.pin != self.pin {
             return self.answered(ObolError::IdempotencyConflict, Some(&record));
         }
@@ -80,7 +82,7 @@ impl Planned {
 
     /// The paths a first call does not take (an existing slot, a hold) are awaited boxed, so
     /// this future stays the size of the path it does take (ADR-0061).
-    pub async fn claim(self, services: &Services) -> Result<Claimed, Answer> {
+    pub async fn claim(self: Box<Self>, services: &Services) -> Result<Claimed, Answer> {
         let store = &services.store;
         // A resume never creates a slot: a valid token whose call was never held cannot start
         // an execution of its own.
@@ -150,7 +152,11 @@ impl Planned {
     }
 
     /// The -32003 answer (or the end of the hold) for a slot held under `record`.
-    async fn held(self, services: &Services, record: &ClaimRecord) -> Result<Claimed, Answer> {
+    async fn held(
+        self: Box<Self>,
+        services: &Services,
+        record: &ClaimRecord,
+    ) -> Result<Claimed, Answer> {
         let error = hold::answer(
             services,
             &self.claim_key,
@@ -163,7 +169,11 @@ impl Planned {
     }
 
     /// Decides what a call gets from a slot that already exists.
-    async fn judge(self, services: &Services, existing: ClaimRecord) -> Result<Claimed, Answer> {
+    async fn judge(
+        self: Box<Self>,
+        services: &Services,
+        existing: ClaimRecord,
+    ) -> Result<Claimed, Answer> {
         let now = now_ms();
         let caller = &self.authorized.holder;
         let grant = self.authorized.routed.parsed.grant.as_ref();
