@@ -40,9 +40,18 @@ impl RedisServer {
     }
 
     fn with_role(role: Role) -> RedisServer {
+        // A cluster node keeps its files in memory where the OS offers it: its `appendfsync
+        // always` (which the store requires) then waits on no disk, so a busy CI disk cannot
+        // stall the node migrating a slot (MIGRATE is synchronous) for the seconds that leave
+        // the store's cluster client refreshing its slot map with every request held.
+        let dir = match &role {
+            Role::ClusterNode => tempfile::tempdir_in("/dev/shm").or_else(|_| tempfile::tempdir()),
+            _ => tempfile::tempdir(),
+        }
+        .unwrap();
         let mut server = RedisServer {
             port: free_port(),
-            dir: tempfile::tempdir().unwrap(),
+            dir,
             child: None,
             role,
         };
@@ -85,9 +94,16 @@ impl RedisServer {
                     "127.0.0.1".to_owned(),
                     port.to_string(),
                 ],
-                Role::ClusterNode => ["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"]
-                    .map(str::to_owned)
-                    .to_vec(),
+                // A long node timeout keeps a node that stalls for a moment from being marked
+                // failed (and the cluster from going down); see `RedisCluster`.
+                Role::ClusterNode => [
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-node-timeout",
+                    "15000",
+                ]
+                .map(str::to_owned)
+                .to_vec(),
             })
             .arg("--dir")
             .arg(self.dir.path())
@@ -119,6 +135,8 @@ impl Drop for RedisServer {
 }
 
 /// A Redis Cluster of three primaries, each durable like [`RedisServer`], on loopback ports.
+/// Its nodes keep their files on tmpfs where there is one and wait 15 s before marking a node
+/// failed: no test stops a node, and a test that does must shorten that first.
 pub struct RedisCluster {
     pub nodes: Vec<RedisServer>,
 }
