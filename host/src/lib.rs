@@ -22,10 +22,11 @@
 //! Around them: [`config`] (the operator's file), [`gateway`] (shared state, hot reload),
 //! [`server`] (startup, background tasks, the HTTP server), [`admin`] (keys and publications
 //! managed at runtime), [`http`] (the REST routes: receipts, approvals; the owner's inbox
-//! page), [`clock`] (the one clock) and [`sandbox`] (a local stand-in vendor for trying Obol
-//! offline).
+//! page), [`clock`] (the one clock), [`allocator`] (the binary's, by block size) and
+//! [`sandbox`] (a local stand-in vendor for trying Obol offline).
 
 pub mod admin;
+pub mod allocator;
 pub mod approvals;
 pub mod broker;
 pub mod capability;

@@ -15,6 +15,12 @@ use obol::config::{Config, RuntimeConfig};
 use obol::policy::KeyHash;
 use obol::runtime::Runtime;
 
+/// Small blocks from mimalloc, large ones (bodies and their buffers) from the system's
+/// allocator, so the hot path allocates cheaply and a crowd of large uploads is handed back
+/// at once (ADR-0070).
+#[global_allocator]
+static ALLOCATOR: obol::allocator::BySize = obol::allocator::BySize;
+
 #[derive(Parser)]
 #[command(
     name = "obol",
