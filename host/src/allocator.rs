@@ -44,7 +44,6 @@ impl Owner {
     /// size a block is freed with, so a library that frees with another size than it allocated
     /// used to be harmless; here it would reach the wrong allocator. Debug builds, which the
     /// end-to-end tests run, check every free and resize against this.
-    #[cfg(any(test, debug_assertions))]
     #[allow(unsafe_code)]
     fn of_block(ptr: *mut u8) -> Owner {
         unsafe extern "C" {
