@@ -308,6 +308,36 @@ mod tests {
         assert!(prepare(&runtime, &guest).await.is_some(), "slots came back");
     }
 
+    /// The task waiting for a call's result gets it before the call's instance is reset (the
+    /// reset's pagemap scan alone was 8 µs p50 of a c=1 call); the slot counts as taken until
+    /// the reset ran, then is free again.
+    #[tokio::test]
+    async fn a_call_is_answered_before_its_instance_is_reset() {
+        let (runtime, guest) = runtime(4, Duration::from_secs(2));
+        let (runtime, guest) = (std::sync::Arc::new(runtime), std::sync::Arc::new(guest));
+        let warm = prepare(&runtime, &guest).await;
+        assert!(warm.is_some());
+        assert_eq!(runtime.free_slots(), 3);
+        let call = {
+            let (runtime, guest) = (runtime.clone(), guest.clone());
+            tokio::spawn(async move { text(&interpret(&runtime, &guest, warm).await).to_owned() })
+        };
+        let answer = call.await.unwrap();
+        assert!(answer.starts_with("1 charge(s)"), "{answer}");
+        assert_eq!(
+            runtime.free_slots(),
+            3,
+            "the instance was reset before the call's result reached its waiter"
+        );
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while runtime.free_slots() < 4 {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the spent instance's slot came back");
+    }
+
     /// A kept instance's `interpret` gets a deadline of its own: the vendor's time is not the
     /// guest's.
     #[tokio::test]
