@@ -600,7 +600,9 @@ impl Runtime {
         response: wit::VendorResponse,
         warm: Option<Warm>,
     ) -> Result<Result<wit::ToolOutput, wit::InterpretError>, GuestFailure> {
-        let (mut store, instance, slot) = match warm {
+        // The slot is bound first so that it is dropped last, after the store, should this
+        // future be dropped mid-guest.
+        let (slot, mut store, instance) = match warm {
             Some(warm) if warm.digest == guest.digest => {
                 let Warm {
                     mut store,
@@ -611,12 +613,12 @@ impl Runtime {
                 // A deadline and a log budget of its own, as a fresh instance has.
                 self.arm(&mut store);
                 store.data_mut().log_lines = 0;
-                (store, instance, slot)
+                (slot, store, instance)
             }
             _ => {
                 let slot = self.slot().await?;
                 let (store, instance) = self.instantiate(guest, connector).await?;
-                (store, instance, slot)
+                (slot, store, instance)
             }
         };
         let outcome = match instance {
@@ -632,18 +634,20 @@ impl Runtime {
     }
 
     /// Resets a spent instance's pool slot, and gives the slot back, off the call's path: in
-    /// a task that runs once the lane runs out of ready work. When the call's final write
-    /// completes inline (the embedded store's lone write) that is after its answer is written;
-    /// when the write waits on the store, while it waits. Dropping the store resets the slot
-    /// in place, a `PAGEMAP_SCAN` of its memory (8 µs p50 at c=1 on a 2.4 GHz host) and its
-    /// dirtied pages cleared. The store is dropped before the permit, so the pool never hands
+    /// a task that runs once the lane runs out of ready work or at its periodic I/O poll.
+    /// When the call's final write completes inline (the embedded store's lone write) that
+    /// is after its answer is handed to the connection; when the write waits on the store,
+    /// while it waits. Dropping the store resets the slot in place, a `PAGEMAP_SCAN` of its
+    /// memory (8 µs p50 at c=1 on a 2.4 GHz host) and its dirtied pages cleared. The store is dropped before the permit, so the pool never hands
     /// out a slot not yet reset.
     fn retire(&self, store: Store<GuestState>, slot: OwnedSemaphorePermit) {
         let Ok(lane) = tokio::runtime::Handle::try_current() else {
             return drop((store, slot));
         };
         // One value, dropped in its fields' order even if the lane drops the task unpolled.
-        let spent = (store, slot, Retiring::count(&self.retiring));
+        // Uncounted before the permit returns: the keep rule may briefly see one slot too
+        // few, never one too many.
+        let spent = (store, Retiring::count(&self.retiring), slot);
         lane.spawn(async move {
             tokio::task::yield_now().await;
             drop(spent);
@@ -652,8 +656,9 @@ impl Runtime {
 
     /// Waits for one of the pool's instance slots, at most one deadline. A slot is held for
     /// a guest call, or for a kept instance while its call waits on the vendor, which only
-    /// happens while a quarter of the pool is free, and then until its lane has reset it (the
-    /// lane's next turn, [`Runtime::retire`]): a longer wait means the gateway is
+    /// happens while a quarter of the pool is free or waiting for its reset, and then until
+    /// its lane has reset it (the lane's next turn, [`Runtime::retire`]): a longer wait means
+    /// the gateway is
     /// overloaded, and the caller gets a retryable answer instead of queueing without bound
     /// behind guests spinning to their deadline.
     async fn slot(&self) -> Result<OwnedSemaphorePermit, GuestFailure> {
