@@ -2130,7 +2130,7 @@ async fn outside(floor: Option<Floor>) {
         .unwrap();
     let rig = Rig::start(&http).await;
     println!(
-        "\noutside: vendor (Node), gateway (obol serve) and client in separate processes; stripe.charges.list; interleaved; median of 3 runs"
+        "\noutside: vendor (Node), gateway (obol serve) and client in separate processes; stripe.charges.list; interleaved, a direct run before each gateway's; median of 3 runs"
     );
     for gateway in &rig.gateways {
         println!(
@@ -2156,14 +2156,16 @@ async fn outside(floor: Option<Floor>) {
         let mut store_cpu: Vec<Vec<Duration>> = vec![Vec::new(); rig.gateways.len()];
         let mut phases = vec![[(0.0, 0.0); 3]; rig.gateways.len()];
         for round in 0..3 {
-            runs[0].push(load(concurrency, direct.clone()).await);
-            // Every other round runs the gateways in reverse, so none always runs right after
-            // the same neighbour (an embedded run's checkpoint can spill into the next run).
+            // Every other round runs the gateways in reverse, and a direct run comes before
+            // each gateway's, so every gateway runs right after the same neighbour: with one
+            // direct run a round, the gateway after it was ahead of its twin by 10-29 % at
+            // c=32, whichever build it was (docs/performance.md).
             let mut order: Vec<usize> = (0..rig.gateways.len()).collect();
             if round % 2 == 1 {
                 order.reverse();
             }
             for i in order {
+                runs[0].push(load(concurrency, direct.clone()).await);
                 let gateway = &rig.gateways[i];
                 let (before, phases_before) = (gateway.usage(), gateway.phases(&http).await);
                 let server = gateway.redis.map(|index| &rig.redis[index]);
@@ -2197,17 +2199,20 @@ async fn outside(floor: Option<Floor>) {
         for samples in cpu.iter_mut().chain(&mut store_cpu) {
             samples.sort();
         }
+        // A gateway's three runs, or the direct runs (three for each gateway): the upper median
+        // of an even count.
         let median = |figures: &mut Vec<Figures>| {
+            let middle = figures.len() / 2;
             figures.sort_by_key(|f| f.p50);
-            let p50 = figures[1].p50;
+            let p50 = figures[middle].p50;
             let mut p99s: Vec<Duration> = figures.iter().map(|f| f.p99).collect();
             p99s.sort();
             let mut rates: Vec<f64> = figures.iter().map(|f| f.rate).collect();
             rates.sort_by(f64::total_cmp);
             Figures {
                 p50,
-                p99: p99s[1],
-                rate: rates[1],
+                p99: p99s[middle],
+                rate: rates[middle],
             }
         };
         let direct_figures = median(&mut runs[0]);
