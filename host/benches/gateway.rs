@@ -716,6 +716,10 @@ struct Usage {
     /// Voluntary (the thread waited) and involuntary (it was preempted), by thread id: a
     /// thread that ends between two snapshots takes its switches with it.
     switches: BTreeMap<String, u64>,
+    /// The whole machine's steal time so far: what the hypervisor ran instead of this VM's
+    /// cores while they had work. Two builds' runs differ by up to a quarter at c=32 on some
+    /// hosts; steal in one run and not in its twin is a reason that can be seen.
+    steal: Duration,
 }
 
 impl Usage {
@@ -743,8 +747,20 @@ impl Usage {
             user,
             system,
             switches,
+            steal: machine_steal(),
         }
     }
+}
+
+/// The eighth field of `/proc/stat`'s `cpu` line, in clock ticks (100 a second), summed over
+/// the cores.
+fn machine_steal() -> Duration {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let ticks = stat
+        .lines()
+        .find_map(|line| line.strip_prefix("cpu "))
+        .and_then(|fields| fields.split_whitespace().nth(7)?.parse::<u64>().ok());
+    Duration::from_millis(ticks.unwrap_or(0) * 10)
 }
 
 /// What a gateway's runs used, and the calls they made.
@@ -754,6 +770,8 @@ struct RunsUsage {
     system: Duration,
     switches: u64,
     calls: f64,
+    steal: Duration,
+    runs: u32,
 }
 
 impl RunsUsage {
@@ -769,6 +787,8 @@ impl RunsUsage {
             })
             .sum::<u64>();
         self.calls += calls;
+        self.steal += after.steal.saturating_sub(before.steal);
+        self.runs += 1;
     }
 }
 
@@ -777,10 +797,11 @@ impl std::fmt::Display for RunsUsage {
         let calls = self.calls.max(1.0);
         write!(
             f,
-            "gateway CPU a call {} user + {} system, {:.1} context switches a call",
+            "gateway CPU a call {} user + {} system, {:.1} context switches a call; the host stole {} ms of the cores a run",
             us(self.user.div_f64(calls)),
             us(self.system.div_f64(calls)),
-            self.switches as f64 / calls
+            self.switches as f64 / calls,
+            self.steal.as_millis() / u128::from(self.runs.max(1))
         )
     }
 }
