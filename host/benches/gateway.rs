@@ -717,8 +717,8 @@ struct Usage {
     /// thread that ends between two snapshots takes its switches with it.
     switches: BTreeMap<String, u64>,
     /// The whole machine's steal time so far: what the hypervisor ran instead of this VM's
-    /// cores while they had work. Two builds' runs differ by up to a quarter at c=32 on some
-    /// hosts; steal in one run and not in its twin is a reason that can be seen.
+    /// cores while they had work. One build's runs in two slots have differed by up to 29 % at
+    /// c=32 on some hosts; steal in one run and not in its twin is a reason that can be seen.
     steal: Duration,
 }
 
@@ -797,12 +797,23 @@ impl std::fmt::Display for RunsUsage {
         let calls = self.calls.max(1.0);
         write!(
             f,
-            "gateway CPU a call {} user + {} system, {:.1} context switches a call; the host stole {} ms of the cores a run",
+            "gateway CPU a call {} user + {} system, {:.1} context switches a call; the host stole {} ms of the cores a run (its warm-up and settling included)",
             us(self.user.div_f64(calls)),
             us(self.system.div_f64(calls)),
             self.switches as f64 / calls,
             self.steal.as_millis() / u128::from(self.runs.max(1))
         )
+    }
+}
+
+/// The median of `values`: the mean of the two middle ones when their count is even.
+fn middle_of(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let half = values.len() / 2;
+    if values.len().is_multiple_of(2) {
+        (values[half - 1] + values[half]) / 2.0
+    } else {
+        values[half]
     }
 }
 
@@ -2151,7 +2162,7 @@ async fn outside(floor: Option<Floor>) {
         .unwrap();
     let rig = Rig::start(&http).await;
     println!(
-        "\noutside: vendor (Node), gateway (obol serve) and client in separate processes; stripe.charges.list; interleaved, a direct run before each gateway's; median of 3 runs"
+        "\noutside: vendor (Node), gateway (obol serve) and client in separate processes; stripe.charges.list; interleaved, a direct run before each gateway's; median of 3 runs (direct: of all its runs)"
     );
     for gateway in &rig.gateways {
         println!(
@@ -2177,10 +2188,12 @@ async fn outside(floor: Option<Floor>) {
         let mut store_cpu: Vec<Vec<Duration>> = vec![Vec::new(); rig.gateways.len()];
         let mut phases = vec![[(0.0, 0.0); 3]; rig.gateways.len()];
         for round in 0..3 {
-            // Every other round runs the gateways in reverse, and a direct run comes before
-            // each gateway's, so every gateway runs right after the same neighbour: with one
-            // direct run a round, the gateway after it was ahead of its twin by 10-29 % at
-            // c=32, whichever build it was (docs/performance.md).
+            // Every other round runs the gateways in reverse, so none always runs right after
+            // the same gateway (an embedded run's checkpoint can spill into the next run). A
+            // direct run comes before each gateway's, so every gateway also follows a direct
+            // run: with one a round, the first gateway followed it in two rounds of three, and
+            // one session saw the first slot ahead of its twin in seven of eight c=32 pairs.
+            // Whether that order was the cause is not known (docs/performance.md).
             let mut order: Vec<usize> = (0..rig.gateways.len()).collect();
             if round % 2 == 1 {
                 order.reverse();
@@ -2220,29 +2233,25 @@ async fn outside(floor: Option<Floor>) {
         for samples in cpu.iter_mut().chain(&mut store_cpu) {
             samples.sort();
         }
-        // A gateway's three runs, or the direct runs (three for each gateway): the upper median
-        // of an even count.
-        let median = |figures: &mut Vec<Figures>| {
-            let middle = figures.len() / 2;
-            figures.sort_by_key(|f| f.p50);
-            let p50 = figures[middle].p50;
-            let mut p99s: Vec<Duration> = figures.iter().map(|f| f.p99).collect();
-            p99s.sort();
+        // Of a gateway's three runs, or of the direct runs (three for each gateway): an even
+        // count's median is the mean of its two middle runs, so that it leans neither way.
+        let median = |figures: &[Figures]| {
+            let mut p50s: Vec<f64> = figures.iter().map(|f| f.p50.as_secs_f64()).collect();
+            let mut p99s: Vec<f64> = figures.iter().map(|f| f.p99.as_secs_f64()).collect();
             let mut rates: Vec<f64> = figures.iter().map(|f| f.rate).collect();
-            rates.sort_by(f64::total_cmp);
             Figures {
-                p50,
-                p99: p99s[middle],
-                rate: rates[middle],
+                p50: Duration::from_secs_f64(middle_of(&mut p50s)),
+                p99: Duration::from_secs_f64(middle_of(&mut p99s)),
+                rate: middle_of(&mut rates),
             }
         };
-        let direct_figures = median(&mut runs[0]);
+        let direct_figures = median(&runs[0]);
         let labels = std::iter::once("direct".to_owned()).chain(
             rig.gateways
                 .iter()
                 .map(|gateway| format!("Obol, {}", gateway.name)),
         );
-        for (row, (label, figures)) in labels.zip(runs.iter_mut()).enumerate() {
+        for (row, (label, figures)) in labels.zip(runs.iter()).enumerate() {
             let f = median(figures);
             let (versus, cpu) = match row.checked_sub(1) {
                 None => (String::new(), String::new()),
