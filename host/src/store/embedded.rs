@@ -52,8 +52,9 @@ const LEASES: TableDefinition<&str, u64> = TableDefinition::new("leases");
 /// so compaction reads a prefix of one table instead of walking everything.
 const EXPIRY: TableDefinition<&str, ()> = TableDefinition::new("expiry");
 
-/// `"applied"` → the sequence of the last journal record applied, written in the same
-/// transaction as that record's writes.
+/// `"applied"` → the sequence of the last journal record applied, written into a transaction
+/// once, as it commits, not at each batch applied in it: a crash loses the transaction and
+/// the mark together, and at c=1 two inserts a call wrote a value only the commit keeps.
 const JOURNAL_STATE: TableDefinition<&str, u64> = TableDefinition::new("journal_state");
 
 /// The most of the file redb keeps in memory, unless `[store] cache_mib` says otherwise. Its
@@ -164,12 +165,20 @@ struct Pending {
     txn: OpenTransaction,
     /// How many writes it holds, to bound the dirty pages it keeps in memory.
     writes: usize,
+    /// The last journal record applied in it, if any (a write too large for the journal is
+    /// applied in one of its own, which holds none).
+    through: Option<u64>,
 }
 
 impl Pending {
-    /// Its transaction, the tables closed, to commit.
-    fn into_transaction(self) -> redb::WriteTransaction {
-        self.txn.into_owner()
+    /// Its transaction, marked as holding every journal record through [`Pending::through`]
+    /// and its tables closed, to commit.
+    fn into_transaction(mut self) -> Result<redb::WriteTransaction, StoreError> {
+        if let Some(sequence) = self.through {
+            self.txn
+                .with_dependent_mut(|_, tables| mark_applied(tables, sequence))?;
+        }
+        Ok(self.txn.into_owner())
     }
 }
 
@@ -183,6 +192,7 @@ impl Writer {
             self.pending = Some(Pending {
                 txn: OpenTransaction::new(txn, |txn| Tables::of(txn)),
                 writes: 0,
+                through: None,
             });
         }
         Ok(self.pending.as_mut().expect("begun above"))
@@ -1197,12 +1207,12 @@ impl Inner {
             writer.panic_if_at(PanicAt::Apply);
             let pending = writer.pending(&self.db)?;
             pending.writes += writes.len();
-            let results = pending.txn.with_dependent_mut(|_, tables| {
-                apply(tables, writes.into_iter())
-                    .and_then(|results| mark_applied(tables, sequence).map(|()| results))
-            });
+            let results = pending
+                .txn
+                .with_dependent_mut(|_, tables| apply(tables, writes.into_iter()));
             match results {
                 Ok(results) => {
+                    pending.through = Some(sequence);
                     writer.broken = None;
                     applied = results.into_iter();
                 }
@@ -1253,7 +1263,13 @@ impl Inner {
                 return Err(error);
             }
         };
-        let mut txn = pending.into_transaction();
+        let mut txn = match pending.into_transaction() {
+            Ok(txn) => txn,
+            Err(error) => {
+                writer.broken = None;
+                return Err(error);
+            }
+        };
         if let Err(error) = txn.set_durability(Durability::Immediate) {
             writer.broken = None;
             return Err(failed(error));
@@ -1279,7 +1295,10 @@ impl Inner {
             writer.broken = Some(UNFINISHED_COMMIT.into());
             #[cfg(test)]
             writer.panic_if_at(PanicAt::Publish);
-            if let Err(error) = pending.into_transaction().commit() {
+            let committed = pending
+                .into_transaction()
+                .and_then(|txn| txn.commit().map_err(failed));
+            if let Err(error) = committed {
                 // Journaled but not in redb: the outcome of what it held is unknown to this
                 // process (a restart would apply it, a checkpoint would drop it), so the
                 // store stops taking writes and its callers fail closed.
@@ -1321,7 +1340,9 @@ impl Drop for Inner {
             .unwrap_or_else(PoisonError::into_inner);
         if writer.broken.is_none()
             && let Some(pending) = writer.pending.take()
-            && let Err(error) = pending.into_transaction().commit()
+            && let Err(error) = pending
+                .into_transaction()
+                .and_then(|txn| txn.commit().map_err(failed))
         {
             tracing::error!("the store could not commit its last writes at close: {error}");
         }
@@ -1398,7 +1419,7 @@ fn checkpoint(db: &Database, writer: &mut Writer) -> Result<(), StoreError> {
     let before = writer.broken.replace(UNFINISHED_COMMIT.into());
     let txn = match writer.pending.take() {
         Some(pending) => {
-            let mut txn = pending.into_transaction();
+            let mut txn = pending.into_transaction()?;
             txn.set_durability(Durability::Immediate).map_err(failed)?;
             txn
         }
@@ -1812,6 +1833,38 @@ mod tests {
             again.claim(&keys[0], &record).await,
             Ok(Claim::Existing(_))
         ));
+    }
+
+    /// The journal's mark is written as the pending transaction commits, not with each batch:
+    /// after a clean close the store file says it holds every journaled record, so a reopen
+    /// applies none of them again, whether the last commit was a reader's or the close's.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_clean_close_leaves_every_journaled_record_marked_applied() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.redb");
+        let store = EmbeddedStore::open(&path).unwrap();
+        let record = claimed("rcp_mark");
+        for n in 0..3 {
+            store.claim(&key(&format!("mark{n:04}")), &record).await.unwrap();
+        }
+        // A reader's commit, then writes that only the close commits.
+        assert!(store.get(&key("mark0000")).await.unwrap().is_some());
+        for n in 3..5 {
+            store.claim(&key(&format!("mark{n:04}")), &record).await.unwrap();
+        }
+        let journaled = store.inner.writer.lock().unwrap().sequence;
+        assert_eq!(journaled, 5, "one journal record a lone write");
+        drop(store);
+        let db = Database::open(&path).unwrap();
+        let applied = db
+            .begin_read()
+            .unwrap()
+            .open_table(JOURNAL_STATE)
+            .unwrap()
+            .get("applied")
+            .unwrap()
+            .map(|sequence| sequence.value());
+        assert_eq!(applied, Some(journaled));
     }
 
     /// Callers serialise their own writes; the leader joins them. What it journals must be
