@@ -52,9 +52,9 @@ const LEASES: TableDefinition<&str, u64> = TableDefinition::new("leases");
 /// so compaction reads a prefix of one table instead of walking everything.
 const EXPIRY: TableDefinition<&str, ()> = TableDefinition::new("expiry");
 
-/// `"applied"` → the sequence of the last journal record applied, written into a transaction
-/// once, as it commits, not at each batch applied in it: a crash loses the transaction and
-/// the mark together, and at c=1 two inserts a call wrote a value only the commit keeps.
+/// `"applied"` → the last journal record a committed transaction holds. Written once, as the
+/// pending transaction commits ([`Pending::commit`]), so it commits or is lost with the writes
+/// it covers; per batch, only the last insert before a commit counted (two a call at c=1).
 const JOURNAL_STATE: TableDefinition<&str, u64> = TableDefinition::new("journal_state");
 
 /// The most of the file redb keeps in memory, unless `[store] cache_mib` says otherwise. Its
@@ -165,20 +165,22 @@ struct Pending {
     txn: OpenTransaction,
     /// How many writes it holds, to bound the dirty pages it keeps in memory.
     writes: usize,
-    /// The last journal record applied in it, if any (a write too large for the journal is
-    /// applied in one of its own, which holds none).
+    /// The last journal record applied in it (the writer's sequence), if any: a write too
+    /// large for the journal is applied in a transaction of its own, which holds none.
     through: Option<u64>,
 }
 
 impl Pending {
-    /// Its transaction, marked as holding every journal record through [`Pending::through`]
-    /// and its tables closed, to commit.
-    fn into_transaction(mut self) -> Result<redb::WriteTransaction, StoreError> {
+    /// Commits it with `durability`, marked as holding every journal record through
+    /// [`Pending::through`].
+    fn commit(mut self, durability: Durability) -> Result<(), StoreError> {
         if let Some(sequence) = self.through {
             self.txn
                 .with_dependent_mut(|_, tables| mark_applied(tables, sequence))?;
         }
-        Ok(self.txn.into_owner())
+        let mut txn = self.txn.into_owner();
+        txn.set_durability(durability).map_err(failed)?;
+        txn.commit().map_err(failed)
     }
 }
 
@@ -1200,7 +1202,7 @@ impl Inner {
             writer.journaled_on.push(std::thread::current().id());
             writer.sequence = sequence;
             // Journaled: from here the batch must reach redb or the store must stop, since a
-            // later commit of the pending transaction would mark it applied. Armed before, and
+            // later commit of the pending transaction would mark it, or a later record, applied. Armed before, and
             // disarmed after, so that a panic while applying leaves the store refusing writes.
             writer.broken = Some("a journaled batch was not applied".into());
             #[cfg(test)]
@@ -1263,22 +1265,11 @@ impl Inner {
                 return Err(error);
             }
         };
-        let mut txn = match pending.into_transaction() {
-            Ok(txn) => txn,
-            Err(error) => {
-                writer.broken = None;
-                return Err(error);
-            }
-        };
-        if let Err(error) = txn.set_durability(Durability::Immediate) {
-            writer.broken = None;
-            return Err(failed(error));
-        }
         self.syncs.fetch_add(1, Ordering::Relaxed);
-        if let Err(error) = txn.commit() {
+        if let Err(StoreError(error)) = pending.commit(Durability::Immediate) {
             // A failed durable commit may have reached the disk in part or whole: what it
             // held is unknown to this process, so the store stops taking writes.
-            writer.broken = Some(error.to_string());
+            writer.broken = Some(error.clone());
             return Err(failed(format!(
                 "the store could not commit a write too large for its journal ({error}); restart the gateway"
             )));
@@ -1295,14 +1286,11 @@ impl Inner {
             writer.broken = Some(UNFINISHED_COMMIT.into());
             #[cfg(test)]
             writer.panic_if_at(PanicAt::Publish);
-            let committed = pending
-                .into_transaction()
-                .and_then(|txn| txn.commit().map_err(failed));
-            if let Err(error) = committed {
+            if let Err(StoreError(error)) = pending.commit(Durability::None) {
                 // Journaled but not in redb: the outcome of what it held is unknown to this
                 // process (a restart would apply it, a checkpoint would drop it), so the
                 // store stops taking writes and its callers fail closed.
-                writer.broken = Some(error.to_string());
+                writer.broken = Some(error.clone());
                 return Err(failed(format!(
                     "the store journaled writes but could not commit them ({error}); restart the gateway"
                 )));
@@ -1340,9 +1328,7 @@ impl Drop for Inner {
             .unwrap_or_else(PoisonError::into_inner);
         if writer.broken.is_none()
             && let Some(pending) = writer.pending.take()
-            && let Err(error) = pending
-                .into_transaction()
-                .and_then(|txn| txn.commit().map_err(failed))
+            && let Err(error) = pending.commit(Durability::None)
         {
             tracing::error!("the store could not commit its last writes at close: {error}");
         }
@@ -1417,16 +1403,12 @@ fn mark_applied(tables: &mut Tables, sequence: u64) -> Result<(), StoreError> {
 fn checkpoint(db: &Database, writer: &mut Writer) -> Result<(), StoreError> {
     // Armed until the commit returns (see `Inner::publish`); a failure leaves it set.
     let before = writer.broken.replace(UNFINISHED_COMMIT.into());
-    let txn = match writer.pending.take() {
-        Some(pending) => {
-            let mut txn = pending.into_transaction()?;
-            txn.set_durability(Durability::Immediate).map_err(failed)?;
-            txn
-        }
-        None => db.begin_write().map_err(failed)?,
-    };
-    // A durable commit persists the non-durable ones before it.
-    txn.commit().map_err(failed)?;
+    // A durable commit persists the non-durable ones before it. Without a pending
+    // transaction, the last commit marked everything journaled so far.
+    match writer.pending.take() {
+        Some(pending) => pending.commit(Durability::Immediate)?,
+        None => db.begin_write().map_err(failed)?.commit().map_err(failed)?,
+    }
     writer.broken = before;
     writer.journal.restart().map_err(failed)?;
     writer.checkpointed = writer.sequence;
@@ -1836,35 +1818,44 @@ mod tests {
     }
 
     /// The journal's mark is written as the pending transaction commits, not with each batch:
-    /// after a clean close the store file says it holds every journaled record, so a reopen
-    /// applies none of them again, whether the last commit was a reader's or the close's.
+    /// a reader's commit and the close's each leave it at the last record they hold, so a
+    /// reopen applies none of them again.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_clean_close_leaves_every_journaled_record_marked_applied() {
+    async fn each_commit_marks_the_journal_records_it_holds_applied() {
+        fn applied(db: &Database) -> Option<u64> {
+            db.begin_read()
+                .unwrap()
+                .open_table(JOURNAL_STATE)
+                .unwrap()
+                .get("applied")
+                .unwrap()
+                .map(|sequence| sequence.value())
+        }
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.redb");
         let store = EmbeddedStore::open(&path).unwrap();
         let record = claimed("rcp_mark");
         for n in 0..3 {
-            store.claim(&key(&format!("mark{n:04}")), &record).await.unwrap();
+            store
+                .claim(&key(&format!("mark{n:04}")), &record)
+                .await
+                .unwrap();
         }
-        // A reader's commit, then writes that only the close commits.
         assert!(store.get(&key("mark0000")).await.unwrap().is_some());
+        assert_eq!(applied(&store.inner.db), Some(3), "the reader's commit");
         for n in 3..5 {
-            store.claim(&key(&format!("mark{n:04}")), &record).await.unwrap();
+            store
+                .claim(&key(&format!("mark{n:04}")), &record)
+                .await
+                .unwrap();
         }
-        let journaled = store.inner.writer.lock().unwrap().sequence;
-        assert_eq!(journaled, 5, "one journal record a lone write");
+        assert_eq!(store.inner.writer.lock().unwrap().sequence, 5);
         drop(store);
-        let db = Database::open(&path).unwrap();
-        let applied = db
-            .begin_read()
-            .unwrap()
-            .open_table(JOURNAL_STATE)
-            .unwrap()
-            .get("applied")
-            .unwrap()
-            .map(|sequence| sequence.value());
-        assert_eq!(applied, Some(journaled));
+        assert_eq!(
+            applied(&Database::open(&path).unwrap()),
+            Some(5),
+            "the close's commit"
+        );
     }
 
     /// Callers serialise their own writes; the leader joins them. What it journals must be
