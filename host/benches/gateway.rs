@@ -2187,6 +2187,9 @@ async fn outside(floor: Option<Floor>) {
         // included once they finish (its store's share of the two cores).
         let mut store_cpu: Vec<Vec<Duration>> = vec![Vec::new(); rig.gateways.len()];
         let mut phases = vec![[(0.0, 0.0); 3]; rig.gateways.len()];
+        // Each run's rate and how much its embedded store's file grew during it, in the order
+        // run: the file grows by doubling regions, a suspect for runs of one build that differ.
+        let mut each_run: Vec<Vec<(f64, Option<f64>)>> = vec![Vec::new(); rig.gateways.len()];
         for round in 0..3 {
             // Every other round runs the gateways in reverse, so none always runs right after
             // the same gateway (an embedded run's checkpoint can spill into the next run). A
@@ -2204,10 +2207,15 @@ async fn outside(floor: Option<Floor>) {
                 let (before, phases_before) = (gateway.usage(), gateway.phases(&http).await);
                 let server = gateway.redis.map(|index| &rig.redis[index]);
                 let store_before = server.map(Redis::cpu);
+                let file_before = gateway.store_mib();
                 let figures = load(concurrency, gateway.call(&http)).await;
                 // What the run left working (an append-only-file rewrite it started) finishes
                 // and counts to it, not to the next run.
                 rig.settle();
+                let grown = file_before
+                    .zip(gateway.store_mib())
+                    .map(|(before, after)| after - before);
+                each_run[i].push((figures.rate, grown));
                 let calls = WARM_UP as f64 + figures.rate * RUN_FOR.as_secs_f64();
                 let after = gateway.usage();
                 cpu[i].push(
@@ -2302,6 +2310,18 @@ async fn outside(floor: Option<Floor>) {
                 us(dispatch),
                 us(finalize),
                 usage[i]
+            );
+            let runs: Vec<String> = each_run[i]
+                .iter()
+                .map(|(rate, grown)| match grown {
+                    Some(grown) => format!("{rate:.0} calls/s (store file +{grown:.0} MiB)"),
+                    None => format!("{rate:.0} calls/s"),
+                })
+                .collect();
+            println!(
+                "    {} c={concurrency}, each run in order: {}",
+                gateway.name,
+                runs.join(", ")
             );
         }
         if let (1, Some(floor)) = (concurrency, &floor) {
