@@ -2187,8 +2187,10 @@ async fn outside(floor: Option<Floor>) {
         // included once they finish (its store's share of the two cores).
         let mut store_cpu: Vec<Vec<Duration>> = vec![Vec::new(); rig.gateways.len()];
         let mut phases = vec![[(0.0, 0.0); 3]; rig.gateways.len()];
-        // Each run's rate and how much its embedded store's file grew during it, in the order
-        // run: the file grows by doubling regions, a suspect for runs of one build that differ.
+        // Each run's rate and how much its embedded store's file grew from its warm-up to its
+        // settling, in the order they ran: the file grows in steps, a suspect for runs of one
+        // build that differ. The steps follow the calls made, so they fall in the same rounds
+        // for every gateway.
         let mut each_run: Vec<Vec<(f64, Option<f64>)>> = vec![Vec::new(); rig.gateways.len()];
         for round in 0..3 {
             // Every other round runs the gateways in reverse, so none always runs right after
@@ -2314,7 +2316,7 @@ async fn outside(floor: Option<Floor>) {
             let runs: Vec<String> = each_run[i]
                 .iter()
                 .map(|(rate, grown)| match grown {
-                    Some(grown) => format!("{rate:.0} calls/s (store file +{grown:.0} MiB)"),
+                    Some(grown) => format!("{rate:.0} calls/s (store file {grown:+.0} MiB)"),
                     None => format!("{rate:.0} calls/s"),
                 })
                 .collect();
