@@ -99,6 +99,10 @@ fn main() {
     if only.split(',').any(|s| s == "soak") {
         runtime.block_on(soak());
     }
+    // Not in the default run either: five minutes by default.
+    if only.split(',').any(|s| s == "retention") {
+        runtime.block_on(retention_steady_state());
+    }
 }
 
 /// What this host charges for the kernel's part of a call, which differs from host to host
@@ -577,86 +581,15 @@ async fn store_alone(redis: &Redis) {
         "", "c=1 p50", "c=1 p99", "c=32 calls/s", "syncs per call"
     );
     for (label, store) in stores {
-        let one_call = |store: Store| async move {
-            let key = ClaimKey {
-                workspace: "bench".into(),
-                connection: ConnectionSegment::Resolved("stripe".into()),
-                tool: "stripe.create_refund".into(),
-                key: IdempotencyKey::mint(),
-            };
-            let holder = Holder {
-                workspace: "bench".into(),
-                connection: "stripe".into(),
-                tool: key.tool.clone(),
-                idempotency_key: key.key.to_string(),
-                key_hash: "sha256:00".into(),
-                key_name: "bench".into(),
-                publication: None,
-                policies: Vec::new(),
-                approval: ApprovalBasis::NotRequired,
-                evidence: EvidenceClass::GatewayObserved,
-                route: Default::default(),
-                capability: None,
-                trace_id: None,
-            };
-            let record = ClaimRecord::open(
-                Pin::new(
-                    RequestHash::of_arguments(&json!({"a": 1})),
-                    PinnedBinding::Header("idempotency-key".into()),
-                    "fp".into(),
-                ),
-                holder,
-                Opening::Reserved {
-                    lease_until_ms: now_ms() + 60_000,
-                },
-                format!("rcp_{}", key.key.as_str()),
-                KeySource::Minted,
-                now_ms(),
-            );
-            assert_eq!(store.claim(&key, &record).await.unwrap(), Claim::Acquired);
-            let done = record.finalize(StoredOutcome {
-                class: OutcomeClass::Accepted,
-                vendor_status: Some(200),
-                response: Ok(obol::store::ResultJson::of(&json!({"content": []}))),
-            });
-            let receipt = Receipt {
-                id: record.receipt_id.clone(),
-                workspace: "bench".into(),
-                idempotency_key: key.key.to_string(),
-                key_source: KeySource::Minted,
-                tool: key.tool.clone(),
-                connection: "stripe".into(),
-                request_hash: record.pin.request_hash.clone(),
-                fingerprint: "fp".into(),
-                connector_version: None,
-                attempt_count: 1,
-                outcome: OutcomeClass::Accepted,
-                vendor_status: Some(200),
-                evidence: EvidenceClass::GatewayObserved,
-                route: Default::default(),
-                broker_record_id: None,
-                verification: Verification::Verified,
-                note: None,
-                policy_publication: None,
-                matched_policies: Vec::new(),
-                approval_id: None,
-                capability: None,
-                trace_id: None,
-                key_name: None,
-                refusal: false,
-                created_at_ms: now_ms(),
-                finalized_at_ms: now_ms(),
-            };
-            assert!(
-                store
-                    .finalize(&key, &record, &done, &receipt)
-                    .await
-                    .unwrap()
-            );
-        };
         let serial = {
             let store = store.clone();
-            move || one_call(store.clone())
+            move || {
+                let store = store.clone();
+                async move {
+                    claim_and_finalize(&store, 60_000, ResultJson::of(&json!({"content": []})))
+                        .await
+                }
+            }
         };
         let before = (store.syncs(), Instant::now());
         let c1 = load(1, serial.clone()).await;
@@ -674,6 +607,292 @@ async fn store_alone(redis: &Redis) {
     println!(
         "  (embedded: fsyncs per call, shared by group commit; redis: round trips per call)\n"
     );
+}
+
+/// One call's store writes, as the gateway makes them: the claim (attempt 1 reserved, its
+/// lease `lease_ms` long), then the final record holding `response`, with its receipt and
+/// audit record.
+async fn claim_and_finalize(
+    store: &obol::store::Store,
+    lease_ms: u64,
+    response: obol::store::ResultJson,
+) {
+    use obol::clock::now_ms;
+    use obol::idempotency::{IdempotencyKey, RequestHash};
+    use obol::store::*;
+    let key = ClaimKey {
+        workspace: "bench".into(),
+        connection: ConnectionSegment::Resolved("stripe".into()),
+        tool: "stripe.create_refund".into(),
+        key: IdempotencyKey::mint(),
+    };
+    let holder = Holder {
+        workspace: "bench".into(),
+        connection: "stripe".into(),
+        tool: key.tool.clone(),
+        idempotency_key: key.key.to_string(),
+        key_hash: "sha256:00".into(),
+        key_name: "bench".into(),
+        publication: None,
+        policies: Vec::new(),
+        approval: ApprovalBasis::NotRequired,
+        evidence: EvidenceClass::GatewayObserved,
+        route: Default::default(),
+        capability: None,
+        trace_id: None,
+    };
+    let record = ClaimRecord::open(
+        Pin::new(
+            RequestHash::of_arguments(&json!({"a": 1})),
+            PinnedBinding::Header("idempotency-key".into()),
+            "fp".into(),
+        ),
+        holder,
+        Opening::Reserved {
+            lease_until_ms: now_ms() + lease_ms,
+        },
+        format!("rcp_{}", key.key.as_str()),
+        KeySource::Minted,
+        now_ms(),
+    );
+    assert_eq!(store.claim(&key, &record).await.unwrap(), Claim::Acquired);
+    let done = record.finalize(StoredOutcome {
+        class: OutcomeClass::Accepted,
+        vendor_status: Some(200),
+        response: Ok(response),
+    });
+    let receipt = Receipt {
+        id: record.receipt_id.clone(),
+        workspace: "bench".into(),
+        idempotency_key: key.key.to_string(),
+        key_source: KeySource::Minted,
+        tool: key.tool.clone(),
+        connection: "stripe".into(),
+        request_hash: record.pin.request_hash.clone(),
+        fingerprint: "fp".into(),
+        connector_version: None,
+        attempt_count: 1,
+        outcome: OutcomeClass::Accepted,
+        vendor_status: Some(200),
+        evidence: EvidenceClass::GatewayObserved,
+        route: Default::default(),
+        broker_record_id: None,
+        verification: Verification::Verified,
+        note: None,
+        policy_publication: None,
+        matched_policies: Vec::new(),
+        approval_id: None,
+        capability: None,
+        trace_id: None,
+        key_name: None,
+        refusal: false,
+        created_at_ms: now_ms(),
+        finalized_at_ms: now_ms(),
+    };
+    assert!(
+        store
+            .finalize(&key, &record, &done, &receipt)
+            .await
+            .unwrap()
+    );
+}
+
+/// `OBOL_BENCH=retention`: the embedded store in the steady state a deployment reaches once
+/// its retention has passed, where compaction must remove a call's records as fast as calls
+/// add them. The gateway's retention is 25 h at least, beyond any soak, so this runs the store
+/// in process with a short one (`OBOL_RETENTION_SECONDS`, default 60) under a paced load
+/// (`OBOL_RETENTION_RATE` calls/s, default 5,000, over 32 tasks) of the gateway's writes with a
+/// result of the bench call's size, compacting every `OBOL_COMPACT_EVERY_SECONDS` (default 10)
+/// for `OBOL_RETENTION_MINUTES` (default 5). Every 10 s: latency, the file's size, what
+/// compaction removed and how long it took.
+async fn retention_steady_state() {
+    use obol::store::{EmbeddedStore, Store};
+    let number = |name: &str, default: u64| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let retention = Duration::from_secs(number("OBOL_RETENTION_SECONDS", 60));
+    let rate = number("OBOL_RETENTION_RATE", 5_000) as f64;
+    let every = Duration::from_secs(number("OBOL_COMPACT_EVERY_SECONDS", 10));
+    let minutes = number("OBOL_RETENTION_MINUTES", 5);
+    const TASKS: usize = 32;
+    const LEASE_MS: u64 = 10_000;
+    const REPORT: Duration = Duration::from_secs(10);
+    let dir = tempfile::tempdir().unwrap();
+    compaction_alone(&dir.path().join("alone.redb")).await;
+    if minutes == 0 {
+        return;
+    }
+    let path = dir.path().join("retention.redb");
+    let store = Store::Embedded(
+        EmbeddedStore::open(&path)
+            .unwrap()
+            .with_retention(retention),
+    );
+    let response = stored_result();
+    println!(
+        "\nretention steady state: embedded store, retention {} s (claims live {} s more: their lease), {rate:.0} calls/s offered over {TASKS} tasks, compaction every {} s, {minutes} min",
+        retention.as_secs(),
+        LEASE_MS / 1000,
+        every.as_secs()
+    );
+    println!(
+        "  {:>6} {:>10} {:>9} {:>9} {:>9} {:>9} {:>11} {:>9} {:>13} {:>8}",
+        "second",
+        "calls",
+        "calls/s",
+        "p50",
+        "p99",
+        "max",
+        "store MiB",
+        "removed",
+        "compacting",
+        "RSS MiB"
+    );
+    let samples = Arc::new(Mutex::new(Vec::<Duration>::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers: Vec<_> = (0..TASKS)
+        .map(|_| {
+            let (store, response) = (store.clone(), response.clone());
+            let (samples, stop) = (samples.clone(), stop.clone());
+            tokio::spawn(async move {
+                // Paced, catching up after a stall as arriving calls would.
+                let mut ticks = tokio::time::interval(Duration::from_secs_f64(TASKS as f64 / rate));
+                while !stop.load(Ordering::Relaxed) {
+                    ticks.tick().await;
+                    let started = Instant::now();
+                    claim_and_finalize(&store, LEASE_MS, response.clone()).await;
+                    samples.lock().unwrap().push(started.elapsed());
+                }
+            })
+        })
+        .collect();
+    // (records removed, time spent removing them), taken by each report.
+    let compacted = Arc::new(Mutex::new((0usize, Duration::ZERO)));
+    let compactor = {
+        let (store, compacted, stop) = (store.clone(), compacted.clone(), stop.clone());
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                tokio::time::sleep(every).await;
+                let started = Instant::now();
+                let removed = store.compact(obol::clock::now_ms()).await.unwrap();
+                let mut done = compacted.lock().unwrap();
+                done.0 += removed;
+                done.1 += started.elapsed();
+            }
+        })
+    };
+    let file_mib = || std::fs::metadata(&path).map_or(0.0, |m| m.len() as f64 / (1 << 20) as f64);
+    let mut total = 0usize;
+    let mut rows = Vec::new();
+    let intervals = minutes * 60 / REPORT.as_secs();
+    for interval in 1..=intervals {
+        tokio::time::sleep(REPORT).await;
+        let mut taken = std::mem::take(&mut *samples.lock().unwrap());
+        let (removed, busy) = std::mem::take(&mut *compacted.lock().unwrap());
+        total += taken.len();
+        let (p50, p99) = percentiles(&mut taken);
+        let max = taken.last().copied().unwrap_or_default();
+        let store_mib = file_mib();
+        println!(
+            "  {:>6} {total:>10} {:>9.0} {:>9} {:>9} {:>9} {store_mib:>11.1} {removed:>9} {:>10.0} ms {:>8.1}",
+            interval * REPORT.as_secs(),
+            taken.len() as f64 / REPORT.as_secs_f64(),
+            us(p50),
+            us(p99),
+            us(max),
+            busy.as_secs_f64() * 1e3,
+            rss_mib()
+        );
+        rows.push((interval * REPORT.as_secs(), total, store_mib, removed, busy));
+    }
+    stop.store(true, Ordering::Relaxed);
+    for worker in workers {
+        worker.await.unwrap();
+    }
+    compactor.abort();
+    // Once a claim's lease and the retention have passed, a call's records can go: from then
+    // on the file holds one window of calls and should stop growing.
+    let full = retention.as_secs() + LEASE_MS / 1000 + 2 * every.as_secs();
+    let (removed, busy) = rows
+        .iter()
+        .filter(|row| row.0 > full)
+        .fold((0usize, Duration::ZERO), |sum, row| {
+            (sum.0 + row.3, sum.1 + row.4)
+        });
+    if let (Some(settled), Some(last)) = (rows.iter().find(|row| row.0 > full), rows.last()) {
+        println!(
+            "  after {} s (lease + retention + two compactions): the file {:.1} -> {:.1} MiB ({:+.1} MiB) over {} more calls; compaction removed {removed} records in {:.1} s ({:.1} us a record)",
+            settled.0,
+            settled.2,
+            last.2,
+            last.2 - settled.2,
+            last.1 - settled.1,
+            busy.as_secs_f64(),
+            busy.as_secs_f64() * 1e6 / removed.max(1) as f64
+        );
+    }
+}
+
+/// What compaction costs on its own, three times over: 50,000 calls' records (a claim, a
+/// receipt and an audit record each, claims with an ended lease) written at c=32, then
+/// removed in one compaction with nothing else running, its wall time and the process's CPU
+/// time (10 ms ticks).
+async fn compaction_alone(path: &std::path::Path) {
+    use obol::store::{EmbeddedStore, Store};
+    const CALLS: usize = 50_000;
+    let store = Store::Embedded(
+        EmbeddedStore::open(path)
+            .unwrap()
+            .with_retention(Duration::from_secs(1)),
+    );
+    let response = stored_result();
+    println!("\ncompaction alone, {CALLS} calls' records a round:");
+    for round in 1..=3 {
+        let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let writers: Vec<_> = (0..32)
+            .map(|_| {
+                let (store, response, next) = (store.clone(), response.clone(), next.clone());
+                tokio::spawn(async move {
+                    while next.fetch_add(1, Ordering::Relaxed) < CALLS {
+                        claim_and_finalize(&store, 0, response.clone()).await;
+                    }
+                })
+            })
+            .collect();
+        for writer in writers {
+            writer.await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let (started, cpu) = (Instant::now(), cpu_with_children_of("self"));
+        let removed = store.compact(obol::clock::now_ms()).await.unwrap();
+        let (took, cpu) = (started.elapsed(), cpu_with_children_of("self") - cpu);
+        println!(
+            "  round {round}: {removed} records removed in {:.0} ms, {:.0} ms of CPU ({:.2} us of CPU a record, {:.1} us a call)",
+            took.as_secs_f64() * 1e3,
+            cpu.as_secs_f64() * 1e3,
+            cpu.as_secs_f64() * 1e6 / removed.max(1) as f64,
+            cpu.as_secs_f64() * 1e6 / CALLS as f64
+        );
+    }
+}
+
+/// What the gateway stores for the bench's `stripe.charges.list` (its text, structured
+/// content and `_meta`), so a call's bytes are a real call's.
+fn stored_result() -> obol::store::ResultJson {
+    obol::store::ResultJson::of(&json!({
+        "content": [{"type": "text", "text": "2 charge(s)\n- ch_1: 1000 usd succeeded\n- ch_2: 2000 usd succeeded"}],
+        "isError": false,
+        "structuredContent": serde_json::from_str::<serde_json::Value>(CHARGES).unwrap(),
+        "_meta": {"obol": {
+            "idempotency_key": "idt_01a24c4b19a1475c7e8fb804f0dba4dfc34281f75051a380ebd25e095cef",
+            "receipt_id": "rcp_01a24c4b19cf36caafdd5150f8dccd839780075af3b9",
+            "verification": "verified", "outcome": "accepted", "vendor_status": 200,
+            "attempt_count": 1, "route": "native", "evidence": "gateway_observed", "replayed": false
+        }}
+    }))
 }
 
 fn rss_mib() -> f64 {
