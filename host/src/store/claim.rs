@@ -364,18 +364,62 @@ pub enum Opening {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 pub(crate) struct RecordHead {
     pub version: u64,
+    #[serde(deserialize_with = "state_tag")]
     state: StateName,
     pub lease_until_ms: u64,
 }
 
 /// `ClaimState`'s tag alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(tag = "state", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
 enum StateName {
     Claimed,
     AwaitingApproval,
     Reserved,
     Finalized,
+}
+
+/// Reads the `state` tag of a `ClaimState` map and skips its other fields unbuilt. Derived
+/// internally tagged reading would first copy the whole map into an owned tree, and a
+/// finalized record's map holds its stored answer: compaction reads one per claim it removes.
+fn state_tag<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<StateName, D::Error> {
+    use serde::de::{Error, IgnoredAny, MapAccess, Visitor};
+
+    #[derive(Deserialize)]
+    #[serde(field_identifier, rename_all = "snake_case")]
+    enum Field {
+        State,
+        #[serde(other)]
+        Other,
+    }
+
+    struct Tag;
+
+    impl<'de> Visitor<'de> for Tag {
+        type Value = StateName;
+
+        fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+            formatter.write_str("a claim state: a map with a `state` tag")
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<StateName, A::Error> {
+            let mut tag = None;
+            while let Some(field) = map.next_key::<Field>()? {
+                match field {
+                    Field::State if tag.is_some() => {
+                        return Err(A::Error::duplicate_field("state"));
+                    }
+                    Field::State => tag = Some(map.next_value::<StateName>()?),
+                    Field::Other => {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+            }
+            tag.ok_or_else(|| A::Error::missing_field("state"))
+        }
+    }
+
+    deserializer.deserialize_map(Tag)
 }
 
 impl RecordHead {
@@ -784,6 +828,15 @@ mod tests {
             "receipt_id":"rcp_1","key_supplied":true,"created_at_ms":1}"#
                 .to_vec(),
         );
+        // The tag after the state's other fields, an answer with nested maps and escapes.
+        bytes.push(
+            br#"{"version":4,"pin":{"request_hash":"ab","binding":"none","fingerprint":"f"},
+            "state":{"outcome":{"class":"accepted","vendor_status":200,"response":{"Ok":
+            {"content":[{"type":"text","text":"a \"state\": {\"state\":\"x\"}"}],
+            "state":{"state":"claimed"}}}},"state":"finalized"},"attempts":1,
+            "lease_until_ms":11,"receipt_id":"rcp_2","key_supplied":false,"created_at_ms":1}"#
+                .to_vec(),
+        );
         for stored in bytes {
             let whole: ClaimRecord = serde_json::from_slice(&stored).unwrap();
             let head: RecordHead = serde_json::from_slice(&stored).unwrap();
@@ -796,6 +849,27 @@ mod tests {
                 ),
                 "{}",
                 String::from_utf8_lossy(&stored)
+            );
+        }
+    }
+
+    #[test]
+    fn a_records_head_refuses_a_state_without_one_tag() {
+        let record = |state: &str| {
+            format!(r#"{{"version":1,"pin":{{}},"state":{state},"attempts":1,"lease_until_ms":1}}"#)
+        };
+        for state in [
+            r#"{"prior":null}"#,
+            r#"{"state":"reserved","state":"finalized"}"#,
+            r#"{"state":"resting"}"#,
+            r#""finalized""#,
+        ] {
+            let read = serde_json::from_str::<RecordHead>(&record(state));
+            assert!(read.is_err(), "{state} read as {read:?}");
+            let whole = serde_json::from_str::<ClaimState>(state);
+            assert!(
+                whole.is_err(),
+                "the whole record reads {state} as {whole:?}"
             );
         }
     }

@@ -823,6 +823,12 @@ struct Removal<'a, 't> {
     audit: &'a mut redb::Table<'t, u64, &'static [u8]>,
 }
 
+/// An audit record's time, the one field compaction reads of it.
+#[derive(Deserialize)]
+struct AuditTime {
+    at_ms: u64,
+}
+
 /// Removes up to `limit` records whose retention started before `horizon_ms`: finalized
 /// claims, receipts (with their listing entry), expired tickets (with theirs) and audit
 /// records. A claim that is no longer finalized, and a ticket still pending, stay.
@@ -850,10 +856,8 @@ fn compact(horizon_ms: u64, limit: usize, tables: &mut Removal) -> Result<usize,
                     .claims
                     .get(key)
                     .map_err(failed)?
-                    .and_then(|bytes| serde_json::from_slice::<ClaimRecord>(bytes.value()).ok())
-                    .is_some_and(|record| {
-                        matches!(record.state, super::ClaimState::Finalized { .. })
-                    });
+                    .and_then(|bytes| serde_json::from_slice::<RecordHead>(bytes.value()).ok())
+                    .is_some_and(|head| head.is_finalized());
                 if finalized {
                     tables.claims.remove(key).map_err(failed)?;
                 }
@@ -888,10 +892,8 @@ fn compact(horizon_ms: u64, limit: usize, tables: &mut Removal) -> Result<usize,
     let mut old_audit = Vec::new();
     for entry in tables.audit.iter().map_err(failed)?.take(limit) {
         let (seq, bytes) = entry.map_err(failed)?;
-        let at_ms = serde_json::from_slice::<serde_json::Value>(bytes.value())
-            .ok()
-            .and_then(|event| event["at_ms"].as_u64())
-            .unwrap_or(0);
+        let at_ms =
+            serde_json::from_slice::<AuditTime>(bytes.value()).map_or(0, |event| event.at_ms);
         if at_ms >= horizon_ms {
             break;
         }
