@@ -360,7 +360,8 @@ pub enum Opening {
 
 /// What a compare-and-set reads of the record it replaces: the version it compares, whether
 /// the record is final and the lease its retention counts from. The rest (the stored answer
-/// above all) is skipped, not built: the writer does this once per transition.
+/// above all) is skipped, not built: the writer does this once per transition, compaction
+/// once per claim it removes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 pub(crate) struct RecordHead {
     pub version: u64,
@@ -369,9 +370,9 @@ pub(crate) struct RecordHead {
     pub lease_until_ms: u64,
 }
 
-/// `ClaimState`'s tag alone.
+/// `ClaimState`'s tag alone, read as a name (a string), as the tag of the whole record is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(variant_identifier, rename_all = "snake_case")]
 enum StateName {
     Claimed,
     AwaitingApproval,

@@ -917,12 +917,12 @@ fn backfill_expiry(txn: &redb::WriteTransaction) -> Result<(), StoreError> {
     let claims = txn.open_table(CLAIMS).map_err(failed)?;
     for entry in claims.iter().map_err(failed)? {
         let (slot, bytes) = entry.map_err(failed)?;
-        if let Ok(record) = serde_json::from_slice::<ClaimRecord>(bytes.value())
-            && matches!(record.state, super::ClaimState::Finalized { .. })
+        if let Ok(head) = serde_json::from_slice::<RecordHead>(bytes.value())
+            && head.is_finalized()
         {
             expiry
                 .insert(
-                    expiry_key(record.lease_until_ms, 'c', slot.value()).as_str(),
+                    expiry_key(head.lease_until_ms, 'c', slot.value()).as_str(),
                     (),
                 )
                 .map_err(failed)?;
