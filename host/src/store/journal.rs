@@ -36,6 +36,8 @@ const BLOCKS_PER_WRITE: usize = 512;
 /// One journal file, written by the group commit's leader only.
 pub struct Journal {
     file: File,
+    /// Where in the file this journal begins: a store keeps two in one file (ADR-0072).
+    base: u64,
     writes: Writes,
     generation: u64,
     /// Where the next record goes.
@@ -82,10 +84,22 @@ pub struct Record {
 }
 
 impl Journal {
-    /// Opens the journal at `path`, creating and preallocating it (written with zeros, so
-    /// that appends overwrite allocated blocks and their fsync has no metadata to flush).
-    /// Returns it with the current generation's records, in order.
+    /// The journal at the start of the file at `path`.
+    #[cfg(test)]
     pub fn open(path: &Path, capacity: u64) -> std::io::Result<(Journal, Vec<Record>)> {
+        Journal::open_at(path, 0, capacity)
+    }
+
+    /// Opens the journal that begins `base` bytes (a multiple of 4 KiB) into the file at
+    /// `path`, creating the file and preallocating the journal's `capacity` in it (written with
+    /// zeros, so that appends overwrite allocated blocks and their fsync has no metadata to
+    /// flush). Returns it with the current generation's records, in order.
+    pub fn open_at(
+        path: &Path,
+        base: u64,
+        capacity: u64,
+    ) -> std::io::Result<(Journal, Vec<Record>)> {
+        debug_assert_eq!(base % BLOCK as u64, 0, "a journal starts on a block");
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -94,9 +108,9 @@ impl Journal {
             .open(path)?;
         let length = file.metadata()?.len();
         let mut header = [0u8; 24];
-        file.read_exact_at(&mut header, 0).ok();
+        file.read_exact_at(&mut header, base).ok();
         // Empty, or zero-filled but never begun (a crash while creating it): a fresh journal.
-        let generation = if length == 0 || header == [0u8; 24] {
+        let generation = if length <= base || header == [0u8; 24] {
             0
         } else if &header[..8] == MAGIC
             && crc32fast::hash(&header[8..16]).to_le_bytes() == header[16..20]
@@ -109,15 +123,12 @@ impl Journal {
             ));
         };
         // Whole blocks, so a direct write's zero padding never reaches past the end of the file.
-        let capacity = capacity
-            .max(length)
-            .max(HEADER * 2)
-            .next_multiple_of(BLOCK as u64);
-        if length < capacity {
+        let capacity = capacity.max(HEADER * 2).next_multiple_of(BLOCK as u64);
+        if length < base + capacity {
             let zeros = vec![0u8; 1 << 20];
             let mut at = length;
-            while at < capacity {
-                let n = (capacity - at).min(zeros.len() as u64) as usize;
+            while at < base + capacity {
+                let n = (base + capacity - at).min(zeros.len() as u64) as usize;
                 file.write_all_at(&zeros[..n], at)?;
                 at += n as u64;
             }
@@ -129,6 +140,7 @@ impl Journal {
         }
         let mut journal = Journal {
             file,
+            base,
             writes: Writes::Buffered,
             generation,
             end: HEADER,
@@ -137,7 +149,7 @@ impl Journal {
             refuse_next: false,
         };
         let records = journal.read_generation()?;
-        journal.writes = Writes::open(path, &journal.file, journal.end)?;
+        journal.writes = Writes::open(path, &journal.file, base + journal.end)?;
         if generation == 0 {
             journal.begin(1)?;
         }
@@ -162,7 +174,10 @@ impl Journal {
         loop {
             let mut head = [0u8; RECORD_HEAD];
             if self.end + RECORD_HEAD as u64 > self.capacity
-                || self.file.read_exact_at(&mut head, self.end).is_err()
+                || self
+                    .file
+                    .read_exact_at(&mut head, self.base + self.end)
+                    .is_err()
             {
                 break;
             }
@@ -180,7 +195,7 @@ impl Journal {
             let mut payload = vec![0u8; length as usize];
             if self
                 .file
-                .read_exact_at(&mut payload, self.end + RECORD_HEAD as u64)
+                .read_exact_at(&mut payload, self.base + self.end + RECORD_HEAD as u64)
                 .is_err()
             {
                 break;
@@ -240,7 +255,8 @@ impl Journal {
             } else {
                 Vec::new()
             };
-            match write_direct(file, blocks, at - prefix.len() as u64, &prefix, bytes) {
+            let start = self.base + at - prefix.len() as u64;
+            match write_direct(file, blocks, start, &prefix, bytes) {
                 Ok(kept) => {
                     *tail = kept;
                     return Ok(());
@@ -261,7 +277,7 @@ impl Journal {
                 }
             }
         }
-        self.file.write_all_at(bytes, at)?;
+        self.file.write_all_at(bytes, self.base + at)?;
         self.file.sync_data()
     }
 
@@ -531,6 +547,37 @@ mod tests {
             records.iter().map(|r| r.sequence).collect::<Vec<_>>(),
             vec![3, 4]
         );
+    }
+
+    /// The store keeps two journals in one file: each reads back its own records, a restart
+    /// of one leaves the other's, and a file written as one journal reads as the first.
+    #[test]
+    fn two_journals_in_one_file_keep_their_records_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        let (mut first, _) = Journal::open(&path, SIZE).unwrap();
+        first.append(1, b"written as one journal").unwrap();
+        drop(first);
+        let (mut second, records) = Journal::open_at(&path, SIZE, SIZE).unwrap();
+        assert!(records.is_empty(), "the second begins empty");
+        second.append(5, b"second").unwrap();
+        let (mut first, records) = Journal::open_at(&path, 0, SIZE).unwrap();
+        assert_eq!(
+            read_back(&records),
+            vec![(1, b"written as one journal".to_vec())]
+        );
+        first.restart().unwrap();
+        first.append(7, b"first again").unwrap();
+        second.append(6, b"second again").unwrap();
+        drop((first, second));
+        let (_, first) = Journal::open_at(&path, 0, SIZE).unwrap();
+        let (_, second) = Journal::open_at(&path, SIZE, SIZE).unwrap();
+        assert_eq!(read_back(&first), vec![(7, b"first again".to_vec())]);
+        assert_eq!(
+            read_back(&second),
+            vec![(5, b"second".to_vec()), (6, b"second again".to_vec())]
+        );
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 2 * SIZE);
     }
 
     #[test]
