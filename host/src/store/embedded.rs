@@ -121,14 +121,16 @@ struct Writer {
     journals: Journals,
     /// The last journal record's sequence.
     sequence: u64,
-    /// The last sequence made durable in redb itself.
+    /// The last sequence made durable in redb itself (known once a running checkpoint is
+    /// finished).
     checkpointed: u64,
     /// The checkpoint whose durable commit is running, if one is.
     in_flight: Option<InFlight>,
     last_checkpoint: std::time::Instant,
-    /// Set when the journal failed and could not be started over, or a journaled batch could
-    /// not be applied: the store refuses writes from then on, since what is on disk (or in
-    /// `pending`) is no longer known.
+    /// Set when the journal failed and could not be started over, a journaled batch could
+    /// not be answered or applied (or, applied after a checkpoint, got other answers than it
+    /// was given), or a checkpoint's commit failed: the store refuses writes from then on,
+    /// since what is on disk (or in `pending`) is no longer known.
     broken: Option<String>,
     /// The transaction every batch since the last commit was applied in.
     pending: Option<Pending>,
@@ -1362,6 +1364,12 @@ impl Inner {
         let mut applied = Vec::new().into_iter();
         if !writes.is_empty() {
             let payload = journal_payload(&writes);
+            if !writer.journals.active().holds(payload.len()) {
+                // Larger than a whole half (one write: a batch is bounded below it).
+                self.checkpoint(writer)?;
+                let applied = self.commit_durably(writer, writes)?;
+                return Ok(answers(&works, applied.into_iter()));
+            }
             if !writer.journals.active().fits(payload.len()) {
                 // Make room: a checkpoint switches to the other half, which the one before it
                 // made redundant (waited for first, if it still runs). A batch that cannot be
@@ -1372,12 +1380,6 @@ impl Inner {
                 } else {
                     self.checkpoint(writer)?;
                 }
-            }
-            if !writer.journals.active().fits(payload.len()) {
-                // Larger than a whole half (one write: a batch is bounded below it).
-                self.checkpoint(writer)?;
-                let applied = self.commit_durably(writer, writes)?;
-                return Ok(answers(&works, applied.into_iter()));
             }
             let sequence = writer.sequence + 1;
             if let Err(error) = writer.journals.active().append(sequence, &payload) {
@@ -1392,7 +1394,12 @@ impl Inner {
             #[cfg(test)]
             writer.journaled_on.push(std::thread::current().id());
             writer.sequence = sequence;
-            // Journaled during a checkpoint: answered now, applied after it. An answer that
+            // Journaled: from here the batch must reach redb or the store must stop, since a
+            // later commit of the pending transaction would mark it, or a later record, applied.
+            // Armed before, and disarmed after, so that a panic while answering or applying it
+            // leaves the store refusing writes.
+            writer.broken = Some("a journaled batch was not applied".into());
+            // During a checkpoint it is answered now and applied after it; an answer that
             // cannot be read leaves the store refusing writes, as an apply that fails does.
             match writer
                 .in_flight
@@ -1414,20 +1421,21 @@ impl Inner {
                         writes: works
                             .into_iter()
                             .filter_map(|work| match work {
-                                Work::Write(journaled) => Some(*journaled),
+                                // Its entry is on disk: only the write is applied.
+                                Work::Write(journaled) => Some(Journaled {
+                                    entry: Vec::new(),
+                                    ..*journaled
+                                }),
                                 Work::Publish => None,
                             })
                             .collect(),
                         answered: answered.clone(),
                     });
+                    writer.broken = None;
                     self.unpublished.store(true, Ordering::Release);
                     return Ok(answered);
                 }
             }
-            // Journaled: from here the batch must reach redb or the store must stop, since a
-            // later commit of the pending transaction would mark it, or a later record, applied. Armed before, and
-            // disarmed after, so that a panic while applying leaves the store refusing writes.
-            writer.broken = Some("a journaled batch was not applied".into());
             #[cfg(test)]
             writer.panic_if_at(PanicAt::Apply);
             let pending = writer.pending(&self.db)?;
@@ -1524,12 +1532,13 @@ impl Inner {
         Ok(())
     }
 
-    /// Begins a checkpoint, with none running: commits what is pending (marked applied
+    /// Begins a checkpoint, after the running one: commits what is pending (marked applied
     /// through the last record), switches the journal's halves, and leaves redb's durable
     /// commit to a thread of its own, where it makes every write so far durable while the
     /// leader goes on ([`InFlight`]). A failure leaves the store refusing writes.
     fn begin_checkpoint(&self, writer: &mut Writer) -> Result<(), StoreError> {
-        debug_assert!(writer.in_flight.is_none(), "one checkpoint at a time");
+        // One at a time: a second would drop the batches the first deferred.
+        finish_checkpoint(&self.db, writer)?;
         self.publish(writer)?;
         let claims = match self.db.begin_read() {
             Ok(txn) => txn.open_table(CLAIMS).map_err(failed),
@@ -1610,6 +1619,10 @@ impl Drop for Inner {
             .get_mut()
             .unwrap_or_else(PoisonError::into_inner);
         if writer.broken.is_some() {
+            // Its thread holds the database open: joined, so a reopen finds it closed.
+            if let Some(in_flight) = writer.in_flight.take() {
+                let _ = in_flight.commit.join();
+            }
             return;
         }
         let closed =
@@ -2223,12 +2236,7 @@ mod tests {
         });
         let (before, first, during) = (key("ckpt0001"), key("ckpt0002"), key("ckpt0003"));
         assert_eq!(store.claim(&before, &record).await, Ok(Claim::Acquired));
-        let (release, gate) = std::sync::mpsc::channel();
-        {
-            let mut writer = store.inner.writer.lock().unwrap();
-            writer.checkpoint_gate = Some(gate);
-            writer.checkpoint_now = true;
-        }
+        let release = hold_next_checkpoint(&store);
         // The batch after which the checkpoint begins, its commit held at the gate.
         assert_eq!(store.claim(&first, &record).await, Ok(Claim::Acquired));
         assert!(store.inner.writer.lock().unwrap().in_flight.is_some());
@@ -2329,15 +2337,11 @@ mod tests {
                 let dir = tempfile::tempdir().unwrap();
                 let plain = EmbeddedStore::open(&dir.path().join("plain.redb")).unwrap();
                 let held = EmbeddedStore::open(&dir.path().join("held.redb")).unwrap();
-                let (release, gate) = std::sync::mpsc::channel();
-                let mut release = Some(release);
-                let mut gate = Some(gate);
+                let mut release = None;
                 let mut answers = (Vec::new(), Vec::new());
                 for (n, (k, kind, v)) in ops.iter().enumerate() {
                     if n == at.min(ops.len() - 1) {
-                        let mut writer = held.inner.writer.lock().unwrap();
-                        writer.checkpoint_gate = gate.take();
-                        writer.checkpoint_now = true;
+                        release = Some(hold_next_checkpoint(&held));
                     }
                     let k = key(&format!("prop{k:04}"));
                     for (store, out) in [(&plain, &mut answers.0), (&held, &mut answers.1)] {
@@ -2371,6 +2375,70 @@ mod tests {
             // Every write after the batch the checkpoint began after was answered during it.
             prop_assert_eq!(deferred + at.min(ops.len() - 1) + 1, ops.len());
         });
+    }
+
+    /// A journal write that fails while a checkpoint's commit is held waits for that commit,
+    /// then makes every write before it durable and starts both halves over: the writes
+    /// answered during the checkpoint are kept, the refused one is not, and writes go on.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_journal_write_refused_during_a_checkpoint_keeps_the_writes_before_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.redb");
+        let store = EmbeddedStore::open(&path).unwrap();
+        let record = claimed("rcp_f");
+        let keys: Vec<ClaimKey> = (0..4).map(|n| key(&format!("refused{n}"))).collect();
+        let release = hold_next_checkpoint(&store);
+        assert_eq!(store.claim(&keys[0], &record).await, Ok(Claim::Acquired));
+        assert_eq!(store.claim(&keys[1], &record).await, Ok(Claim::Acquired));
+        assert!(store.inner.writer.lock().unwrap().in_flight.is_some());
+        refuse_next_append(&store);
+        let refused = tokio::spawn({
+            let (store, k, record) = (store.clone(), keys[2].clone(), record.clone());
+            async move { store.claim(&k, &record).await }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!refused.is_finished(), "it waits for the held commit");
+        release.send(()).unwrap();
+        assert!(refused.await.unwrap().is_err());
+        for k in &keys[2..] {
+            assert_eq!(store.claim(k, &record).await, Ok(Claim::Acquired));
+        }
+        let crashed = tempfile::tempdir().unwrap();
+        let copy = crash_copy(&store, &path, crashed.path());
+        let reopened = EmbeddedStore::open(&copy).unwrap();
+        for k in &keys {
+            assert_eq!(reopened.get(k).await.unwrap(), Some(record.clone()));
+        }
+    }
+
+    /// A journal file of an earlier version holds one 8 MiB journal: it is read as the first
+    /// half, its records newer than the store's mark are applied on open, and the file grows
+    /// by the second half.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_journal_file_of_one_journal_is_read_as_the_first_half() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.redb");
+        let store = EmbeddedStore::open(&path).unwrap();
+        let record = claimed("rcp_one");
+        assert_eq!(
+            store.claim(&key("onejournal"), &record).await,
+            Ok(Claim::Acquired)
+        );
+        let crashed = tempfile::tempdir().unwrap();
+        let copy = crash_copy(&store, &path, crashed.path());
+        let journal = std::fs::OpenOptions::new()
+            .write(true)
+            .open(journal_path(&copy))
+            .unwrap();
+        journal.set_len(JOURNAL_BYTES).unwrap();
+        drop(journal);
+        let reopened = EmbeddedStore::open(&copy).unwrap();
+        assert_eq!(
+            reopened.get(&key("onejournal")).await.unwrap(),
+            Some(record)
+        );
+        let length = std::fs::metadata(journal_path(&copy)).unwrap().len();
+        assert_eq!(length, 2 * JOURNAL_BYTES);
     }
 
     /// The journal's mark is written as the pending transaction commits, not with each batch:
@@ -2514,14 +2582,7 @@ mod tests {
         let (before, after) = (key("refused0001"), key("refused0002"));
         let record = claimed("rcp_r");
         store.claim(&before, &record).await.unwrap();
-        store
-            .inner
-            .writer
-            .lock()
-            .unwrap()
-            .journals
-            .active()
-            .refuse_next = true;
+        refuse_next_append(&store);
         let refused = store
             .registry_write(Registry::Keys, "huge", "refused", RegistryWrite::Overwrite)
             .await
@@ -2900,6 +2961,28 @@ mod tests {
     /// `dir`. Taken while no commit is under way: the leader checkpoints after answering, and
     /// a copy of the two files made meanwhile could pair a store file from before its
     /// checkpoint with a journal from after, which no crash leaves.
+    /// Makes the leader begin a checkpoint after its next batch, whose commit then waits
+    /// until the returned sender sends or is dropped.
+    fn hold_next_checkpoint(store: &EmbeddedStore) -> std::sync::mpsc::Sender<()> {
+        let (release, gate) = std::sync::mpsc::channel();
+        let mut writer = store.inner.writer.lock().unwrap();
+        writer.checkpoint_gate = Some(gate);
+        writer.checkpoint_now = true;
+        release
+    }
+
+    /// Makes the next journal append fail, as a full disk would.
+    fn refuse_next_append(store: &EmbeddedStore) {
+        store
+            .inner
+            .writer
+            .lock()
+            .unwrap()
+            .journals
+            .active()
+            .refuse_next = true;
+    }
+
     fn crash_copy(store: &EmbeddedStore, path: &Path, dir: &Path) -> std::path::PathBuf {
         let _idle = store.inner.writer.lock().unwrap();
         let copy = dir.join("s.redb");

@@ -8,7 +8,9 @@
 //! every so often. On open, records newer than the last checkpointed sequence are applied
 //! again, in order, before anything is served.
 //!
-//! Layout: a 4 KiB header (`OBOLJNL1`, generation, CRC), then records, each
+//! A journal starts `base` bytes into its file: the store keeps two, one after the other, in
+//! one file, and an earlier store's one journal is the first (ADR-0072). Layout, from `base`:
+//! a 4 KiB header (`OBOLJNL1`, generation, CRC), then records, each
 //! `len u32 | crc32 u32 | generation u64 | sequence u64 | payload`, the CRC over the
 //! generation, sequence and payload. Reading stops at the first record that is torn, of
 //! another generation, or out of sequence: that record was never acknowledged.
@@ -33,7 +35,7 @@ const BLOCK: usize = 4096;
 /// Blocks per `pwritev` (the kernel takes at most `IOV_MAX`, 1024, buffers per call).
 const BLOCKS_PER_WRITE: usize = 512;
 
-/// One journal file, written by the group commit's leader only.
+/// One journal of a file, written by the group commit's leader only.
 pub struct Journal {
     file: File,
     /// Where in the file this journal begins: a store keeps two in one file (ADR-0072).
@@ -284,6 +286,11 @@ impl Journal {
     /// Whether a record of `payload` bytes fits after the last one.
     pub fn fits(&self, payload: usize) -> bool {
         self.end + (RECORD_HEAD + payload) as u64 <= self.capacity
+    }
+
+    /// Whether a record of `payload` bytes fits an empty journal.
+    pub fn holds(&self, payload: usize) -> bool {
+        HEADER + (RECORD_HEAD + payload) as u64 <= self.capacity
     }
 
     /// Whether the journal is past half full: time for a checkpoint.
