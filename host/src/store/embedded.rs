@@ -2411,6 +2411,62 @@ mod tests {
         }
     }
 
+    /// Writes answered during a checkpoint that fill the half it switched to wait for it, then
+    /// switch back: the next checkpoint begins in the half the first made redundant, and a
+    /// crash's copy keeps every write.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn writes_that_fill_a_half_during_a_checkpoint_wait_for_it_and_switch_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.redb");
+        let store = EmbeddedStore::open(&path).unwrap();
+        // About 1 MiB of journal each: nine do not fit one half.
+        let record = claimed(&"r".repeat(1 << 20));
+        let keys: Vec<ClaimKey> = (0..10).map(|n| key(&format!("fill{n:04}"))).collect();
+        let release = hold_next_checkpoint(&store);
+        assert_eq!(store.claim(&keys[0], &record).await, Ok(Claim::Acquired));
+        let active = store.inner.writer.lock().unwrap().journals.active;
+        let mut answered = 0;
+        for k in &keys[1..] {
+            let fits = store
+                .inner
+                .writer
+                .lock()
+                .unwrap()
+                .journals
+                .active()
+                .fits((1 << 20) + 2048);
+            let claim = tokio::spawn({
+                let (store, k, record) = (store.clone(), k.clone(), record.clone());
+                async move { store.claim(&k, &record).await }
+            });
+            if !fits {
+                // The half is full: this write waits for the held commit.
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                assert!(!claim.is_finished(), "it waits for the held commit");
+                release.send(()).unwrap();
+                assert_eq!(claim.await.unwrap(), Ok(Claim::Acquired));
+                break;
+            }
+            assert_eq!(claim.await.unwrap(), Ok(Claim::Acquired));
+            answered += 1;
+        }
+        assert_eq!(answered, 7, "seven fit the half the checkpoint switched to");
+        {
+            let writer = store.inner.writer.lock().unwrap();
+            assert_ne!(writer.journals.active, active, "switched back");
+            assert!(writer.broken.is_none());
+        }
+        for k in &keys[answered + 2..] {
+            assert_eq!(store.claim(k, &record).await, Ok(Claim::Acquired));
+        }
+        let crashed = tempfile::tempdir().unwrap();
+        let copy = crash_copy(&store, &path, crashed.path());
+        let reopened = EmbeddedStore::open(&copy).unwrap();
+        for k in &keys {
+            assert_eq!(reopened.get(k).await.unwrap(), Some(record.clone()));
+        }
+    }
+
     /// A journal file of an earlier version holds one 8 MiB journal: it is read as the first
     /// half, its records newer than the store's mark are applied on open, and the file grows
     /// by the second half.
