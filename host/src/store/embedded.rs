@@ -21,7 +21,9 @@
 //! while the leader goes on journaling: the journal is two halves of one file, and a
 //! checkpoint switches halves as it begins. A batch journaled meanwhile is answered from the
 //! claims the checkpoint began with and what the batches before it wrote, by the same rule
-//! applying it uses, and is applied once the durable commit returns (ADR-0072).
+//! applying it uses, and is applied once the durable commit returns (ADR-0072). Work that
+//! cannot be answered so (a reader's publish, tickets, the registry, compaction) waits for the
+//! commit to return before it is queued, so that the writes queued after it go on.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -114,6 +116,50 @@ struct Inner {
     syncs: AtomicU64,
     /// Callers waiting for an answer from [`EmbeddedStore::ask`].
     waiting: AtomicUsize,
+    /// Shared with a checkpoint's thread.
+    committing: Arc<Committing>,
+}
+
+/// Whether a checkpoint's durable commit is running. Work the leader could not answer while
+/// it runs waits here before it is queued: queued, it would make the leader wait for the
+/// commit, and every write queued behind it with the leader.
+#[derive(Default)]
+struct Committing {
+    running: AtomicBool,
+    returned: tokio::sync::Notify,
+}
+
+impl Committing {
+    /// Marks a commit running until the returned guard is dropped, by its thread once the
+    /// commit returns, or with the thread if it panics or cannot be spawned.
+    fn begin(self: &Arc<Self>) -> CommitRunning {
+        self.running.store(true, Ordering::Release);
+        CommitRunning(Arc::clone(self))
+    }
+
+    /// Returns once no commit runs. One may begin right after: the leader then waits for it,
+    /// as it must.
+    async fn returned(&self) {
+        loop {
+            // Created before the check: `notify_waiters` wakes every `Notified` made before
+            // it, polled or not.
+            let returned = self.returned.notified();
+            if !self.running.load(Ordering::Acquire) {
+                return;
+            }
+            returned.await;
+        }
+    }
+}
+
+/// A running checkpoint's mark, cleared when dropped.
+struct CommitRunning(Arc<Committing>);
+
+impl Drop for CommitRunning {
+    fn drop(&mut self) {
+        self.0.running.store(false, Ordering::Release);
+        self.0.returned.notify_waiters();
+    }
 }
 
 /// What the leader keeps between group commits.
@@ -249,19 +295,9 @@ impl InFlight {
     }
 }
 
-/// Whether every operation of a batch can be answered while a checkpoint runs: a claim, a
-/// transition or a refusal, whose answer depends on the claims table alone. Anything else
-/// (a reader's publish, tickets, the registry, compaction) waits for the checkpoint.
+/// Whether every operation of a batch can be answered while a checkpoint runs.
 fn answerable_during_checkpoint(works: &[Work]) -> bool {
-    works.iter().all(|work| {
-        matches!(
-            work,
-            Work::Write(journaled) if matches!(
-                journaled.write,
-                Write::Claim { .. } | Write::Transition { .. } | Write::Refusal { .. }
-            )
-        )
-    })
+    works.iter().all(Work::answerable_during_checkpoint)
 }
 
 /// A step of a batch a test makes panic.
@@ -530,6 +566,19 @@ impl Work {
     fn write(write: Write) -> Result<Work, StoreError> {
         Journaled::of(write).map(|journaled| Work::Write(Box::new(journaled)))
     }
+
+    /// A claim, a transition or a refusal, whose answer depends on the claims table alone.
+    /// Anything else (a reader's publish, tickets, the registry, compaction) waits for a
+    /// running checkpoint.
+    fn answerable_during_checkpoint(&self) -> bool {
+        matches!(
+            self,
+            Work::Write(journaled) if matches!(
+                journaled.write,
+                Write::Claim { .. } | Write::Transition { .. } | Write::Refusal { .. }
+            )
+        )
+    }
 }
 
 /// A queued operation and its caller.
@@ -584,6 +633,7 @@ impl EmbeddedStore {
                 unpublished: AtomicBool::new(false),
                 syncs: AtomicU64::new(0),
                 waiting: AtomicUsize::new(0),
+                committing: Arc::default(),
             }),
             retention: super::DEFAULT_RETENTION,
         })
@@ -762,12 +812,16 @@ impl EmbeddedStore {
     /// store), it commits the queue itself, on this thread: the fsync blocks the thread for its
     /// ~0.1 ms like any CPU work would, and nothing waits for a hand-off. Otherwise a
     /// blocking-pool thread commits (ADR-0059). A second writer meanwhile queues and waits
-    /// without blocking.
+    /// without blocking. Work the leader cannot answer while a checkpoint's commit runs
+    /// waits for it first ([`Committing`]).
     async fn ask<T>(
         &self,
         work: Work,
         reply: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> Reply,
     ) -> Result<T, StoreError> {
+        if !work.answerable_during_checkpoint() {
+            self.inner.committing.returned().await;
+        }
         let (sender, answer) = oneshot::channel();
         let _waiting = Waiting::count(&self.inner.waiting);
         let lead = {
@@ -1559,9 +1613,11 @@ impl Inner {
         let db = Arc::clone(&self.db);
         #[cfg(test)]
         let gate = writer.checkpoint_gate.take();
+        let running = self.committing.begin();
         let spawned = std::thread::Builder::new()
             .name("obol-checkpoint".into())
             .spawn(move || {
+                let _running = running;
                 #[cfg(test)]
                 if let Some(gate) = gate {
                     let _ = gate.recv();
@@ -2311,6 +2367,80 @@ mod tests {
             writer.checkpointed, 2,
             "the checkpoint covered the batches before it"
         );
+    }
+
+    /// A reader (the sweeper reads every second) and a registry write (a gateway's heartbeat)
+    /// that arrive while a checkpoint's commit runs wait for it without holding the claims
+    /// queued after them; then each sees, or is applied after, everything answered meanwhile.
+    /// Before, the leader took them into its batch and waited for the commit, and every
+    /// write behind them waited with it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn work_that_waits_for_a_checkpoint_does_not_hold_the_writes_after_it() {
+        let ten_seconds = std::time::Duration::from_secs(10);
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(&dir.path().join("s.redb")).unwrap();
+        let record = claimed("rcp_w");
+        let release = hold_next_checkpoint(&store);
+        assert_eq!(
+            store.claim(&key("wait0001"), &record).await,
+            Ok(Claim::Acquired)
+        );
+        assert!(store.inner.writer.lock().unwrap().in_flight.is_some());
+        // Answered during the checkpoint: a reader must see it, so it waits for the commit.
+        assert_eq!(
+            store.claim(&key("wait0002"), &record).await,
+            Ok(Claim::Acquired)
+        );
+
+        let read = tokio::spawn({
+            let store = store.clone();
+            async move { store.get(&key("wait0002")).await }
+        });
+        let heartbeat = tokio::spawn({
+            let store = store.clone();
+            async move {
+                store
+                    .registry_write(Registry::Keys, "beat", "1", RegistryWrite::Overwrite)
+                    .await
+            }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let after = tokio::time::timeout(std::time::Duration::from_secs(2), async {
+            (
+                store.claim(&key("wait0003"), &record).await,
+                store.claim(&key("wait0004"), &record).await,
+            )
+        })
+        .await
+        .expect(
+            "claims queued after a reader and a registry write are answered during the checkpoint",
+        );
+        assert_eq!(after, (Ok(Claim::Acquired), Ok(Claim::Acquired)));
+        assert!(!read.is_finished() && !heartbeat.is_finished());
+
+        release.send(()).unwrap();
+        let (read, heartbeat) = tokio::time::timeout(ten_seconds, async {
+            (read.await.unwrap(), heartbeat.await.unwrap())
+        })
+        .await
+        .expect("both go on once the commit returns");
+        assert_eq!(
+            read,
+            Ok(Some(record.clone())),
+            "the reader sees the claim answered meanwhile"
+        );
+        assert_eq!(heartbeat, Ok(true));
+        assert_eq!(
+            store
+                .registry(Registry::Keys)
+                .await
+                .unwrap()
+                .get("beat")
+                .map(String::as_str),
+            Some("1")
+        );
+        let writer = store.inner.writer.lock().unwrap();
+        assert!(writer.in_flight.is_none() && writer.broken.is_none());
     }
 
     /// Two independent computations of a sequence of claims and transitions: one store
