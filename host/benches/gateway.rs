@@ -2609,8 +2609,19 @@ async fn soak() {
         store_mib().unwrap_or(0.0)
     );
     println!(
-        "  {:>6} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} {:>11}",
-        "minute", "calls", "calls/s", "p50", "p99", "RSS MiB", "anon", "file", "fds", "store MiB"
+        "  {:>6} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} {:>11}",
+        "minute",
+        "calls",
+        "calls/s",
+        "p50",
+        "p99",
+        "p99.9",
+        "max",
+        "RSS MiB",
+        "anon",
+        "file",
+        "fds",
+        "store MiB"
     );
     let samples = Arc::new(Mutex::new(Vec::<Duration>::new()));
     let stop = Arc::new(AtomicBool::new(false));
@@ -2633,14 +2644,20 @@ async fn soak() {
         let mut taken = std::mem::take(&mut *samples.lock().unwrap());
         total += taken.len();
         let (p50, p99) = percentiles(&mut taken);
+        // Sorted by `percentiles`. The tail past p99 is where a stall of the store's writes
+        // (tens of milliseconds, a few times a minute) shows.
+        let p999 = taken[((taken.len() as f64 - 1.0) * 0.999) as usize];
+        let max = taken[taken.len() - 1];
         let (rss, fds) = (rss_mib_of(&gateway.pid()), gateway.open_fds());
         let (anon, file) = resident_anon_and_file_mib(&gateway.pid());
         let store = store_mib().unwrap_or(f64::NAN);
         println!(
-            "  {minute:>6} {total:>10} {:>9.0} {:>9} {:>9} {rss:>9.1} {anon:>9.1} {file:>9.1} {fds:>6} {:>11.1}",
+            "  {minute:>6} {total:>10} {:>9.0} {:>9} {:>9} {:>9} {:>9} {rss:>9.1} {anon:>9.1} {file:>9.1} {fds:>6} {:>11.1}",
             taken.len() as f64 / 60.0,
             us(p50),
             us(p99),
+            us(p999),
+            us(max),
             store
         );
         rows.push((total, rss, fds, store));

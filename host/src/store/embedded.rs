@@ -22,8 +22,8 @@
 //! checkpoint switches halves as it begins. A batch journaled meanwhile is answered from the
 //! claims the checkpoint began with and what the batches before it wrote, by the same rule
 //! applying it uses, and is applied once the durable commit returns (ADR-0072). Work that
-//! cannot be answered so (a reader's publish, tickets, the registry, compaction) waits for the
-//! commit to return before it is queued, so that the writes queued after it go on.
+//! cannot be answered so ([`Work::answerable_during_checkpoint`]) waits for the commit to
+//! return before it is queued, so that the writes queued after it go on.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -137,16 +137,15 @@ impl Committing {
         CommitRunning(Arc::clone(self))
     }
 
-    /// Returns once no commit runs. One may begin right after: the leader then waits for it,
-    /// as it must.
+    /// Returns once the commit running now, if one is, has returned. Not until none runs:
+    /// under steady writes the next may begin before this caller is polled again, and such a
+    /// caller would wait checkpoint after checkpoint. One that slips into the next makes the
+    /// leader wait for it, as it must.
     async fn returned(&self) {
-        loop {
-            // Created before the check: `notify_waiters` wakes every `Notified` made before
-            // it, polled or not.
-            let returned = self.returned.notified();
-            if !self.running.load(Ordering::Acquire) {
-                return;
-            }
+        // Created before the check: `notify_waiters` wakes every `Notified` made before it,
+        // polled or not, and nothing else wakes it.
+        let returned = self.returned.notified();
+        if self.running.load(Ordering::Acquire) {
             returned.await;
         }
     }
@@ -293,11 +292,6 @@ impl InFlight {
         }
         Ok(answers)
     }
-}
-
-/// Whether every operation of a batch can be answered while a checkpoint runs.
-fn answerable_during_checkpoint(works: &[Work]) -> bool {
-    works.iter().all(Work::answerable_during_checkpoint)
 }
 
 /// A step of a batch a test makes panic.
@@ -1399,7 +1393,7 @@ impl Inner {
                 "the store's journal failed ({why}); restart the gateway"
             )));
         }
-        let answerable = answerable_during_checkpoint(&works);
+        let answerable = works.iter().all(Work::answerable_during_checkpoint);
         if writer
             .in_flight
             .as_ref()
@@ -2404,6 +2398,8 @@ mod tests {
                     .await
             }
         });
+        // Long enough for both to be queued, as they were before (then the leader took them
+        // and waited for the commit, and the claims below timed out).
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         let after = tokio::time::timeout(std::time::Duration::from_secs(2), async {
             (
@@ -2417,6 +2413,18 @@ mod tests {
         );
         assert_eq!(after, (Ok(Claim::Acquired), Ok(Claim::Acquired)));
         assert!(!read.is_finished() && !heartbeat.is_finished());
+        assert_eq!(
+            store
+                .inner
+                .writer
+                .lock()
+                .unwrap()
+                .in_flight
+                .as_ref()
+                .map(|in_flight| in_flight.deferred.len()),
+            Some(3),
+            "answered during the checkpoint, applied after it"
+        );
 
         release.send(()).unwrap();
         let (read, heartbeat) = tokio::time::timeout(ten_seconds, async {
@@ -2428,6 +2436,11 @@ mod tests {
             read,
             Ok(Some(record.clone())),
             "the reader sees the claim answered meanwhile"
+        );
+        assert_eq!(
+            store.get(&key("wait0004")).await,
+            Ok(Some(record.clone())),
+            "and the claims answered while it waited"
         );
         assert_eq!(heartbeat, Ok(true));
         assert_eq!(
@@ -3143,10 +3156,6 @@ mod tests {
         );
     }
 
-    /// What a crash would leave of `store` (its file and journal at `path`), copied into
-    /// `dir`. Taken while no commit is under way: the leader checkpoints after answering, and
-    /// a copy of the two files made meanwhile could pair a store file from before its
-    /// checkpoint with a journal from after, which no crash leaves.
     /// Makes the leader begin a checkpoint after its next batch, whose commit then waits
     /// until the returned sender sends or is dropped.
     fn hold_next_checkpoint(store: &EmbeddedStore) -> std::sync::mpsc::Sender<()> {
@@ -3169,6 +3178,10 @@ mod tests {
             .refuse_next = true;
     }
 
+    /// What a crash would leave of `store` (its file and journal at `path`), copied into
+    /// `dir`. Taken while no commit is under way: the leader checkpoints after answering, and
+    /// a copy of the two files made meanwhile could pair a store file from before its
+    /// checkpoint with a journal from after, which no crash leaves.
     fn crash_copy(store: &EmbeddedStore, path: &Path, dir: &Path) -> std::path::PathBuf {
         let _idle = store.inner.writer.lock().unwrap();
         let copy = dir.join("s.redb");
