@@ -2414,14 +2414,7 @@ mod tests {
         assert_eq!(after, (Ok(Claim::Acquired), Ok(Claim::Acquired)));
         assert!(!read.is_finished() && !heartbeat.is_finished());
         assert_eq!(
-            store
-                .inner
-                .writer
-                .lock()
-                .unwrap()
-                .in_flight
-                .as_ref()
-                .map(|in_flight| in_flight.deferred.len()),
+            deferred_batches(&store),
             Some(3),
             "answered during the checkpoint, applied after it"
         );
@@ -2495,14 +2488,7 @@ mod tests {
                         });
                     }
                 }
-                let deferred = held
-                    .inner
-                    .writer
-                    .lock()
-                    .unwrap()
-                    .in_flight
-                    .as_ref()
-                    .map_or(0, |in_flight| in_flight.deferred.len());
+                let deferred = deferred_batches(&held).unwrap_or(0);
                 drop(release.take());
                 let mut held_at_end = (Vec::new(), Vec::new());
                 for k in 0..3 {
@@ -3164,6 +3150,15 @@ mod tests {
         writer.checkpoint_gate = Some(gate);
         writer.checkpoint_now = true;
         release
+    }
+
+    /// How many batches the running checkpoint has answered and will apply once it returns.
+    fn deferred_batches(store: &EmbeddedStore) -> Option<usize> {
+        let writer = store.inner.writer.lock().unwrap();
+        writer
+            .in_flight
+            .as_ref()
+            .map(|in_flight| in_flight.deferred.len())
     }
 
     /// Makes the next journal append fail, as a full disk would.
