@@ -1208,9 +1208,10 @@ fn write_receipt(tables: &mut Tables<'_>, receipt: &RenderedReceipt) -> Result<(
     let audit = opened(audit, txn, AUDIT)?;
     let id_key = &receipt.id_key;
     // A redispatched call finalizes its receipt again: keep one listing entry, at its newest
-    // time.
+    // time. The insert hands back the receipt it replaces, so a first receipt (nearly every
+    // one) costs one walk of the table, not a lookup and then an insert.
     let previous = receipts
-        .get(id_key.as_str())
+        .insert(id_key.as_str(), receipt.receipt.get().as_bytes())
         .map_err(failed)?
         .map(|old| serde_json::from_slice::<Receipt>(old.value()));
     if let Some(Ok(previous)) = previous {
@@ -1221,9 +1222,6 @@ fn write_receipt(tables: &mut Tables<'_>, receipt: &RenderedReceipt) -> Result<(
             .remove(expiry_key(previous.finalized_at_ms, 'r', id_key).as_str())
             .map_err(failed)?;
     }
-    receipts
-        .insert(id_key.as_str(), receipt.receipt.get().as_bytes())
-        .map_err(failed)?;
     expiry
         .insert(
             expiry_key(receipt.finalized_at_ms, 'r', id_key).as_str(),
