@@ -14,7 +14,7 @@
 //! gateway, Redis, mock vendor and mock upstream share the machine's cores.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -2210,12 +2210,17 @@ impl Rig {
             )
             .collect();
         let redis: Vec<Redis> = binaries.iter().map(|_| Redis::start()).collect();
+        // `OBOL_BENCH_CACHE_MIB=N` sets the embedded gateways' `[store] cache_mib` (the
+        // gateway's default otherwise).
+        let cache = std::env::var("OBOL_BENCH_CACHE_MIB")
+            .map(|mib| format!("\ncache_mib = {}", mib.parse::<usize>().unwrap()))
+            .unwrap_or_default();
         for (index, (suffix, binary)) in binaries.iter().enumerate() {
             let store_file = dir.path().join(format!("outside-{index}.redb"));
             for (store_name, store, file, server) in [
                 (
                     "embedded",
-                    format!("path = {store_file:?}"),
+                    format!("path = {store_file:?}{cache}"),
                     Some(store_file.clone()),
                     None,
                 ),
@@ -2304,9 +2309,52 @@ token_hash = "{}"
 
 type BoxedCall = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
+/// Where a call's idempotency key comes from.
+#[derive(Clone, Copy, PartialEq)]
+enum Keys {
+    /// None sent: the gateway mints one, and minted keys sort by time (ADR-0054), so each
+    /// claim lands beside the previous one in the store's B-trees.
+    Minted,
+    /// An `Idempotency-Key` the client chose, spread evenly over the key space, as agents'
+    /// own keys (UUIDs, hashes of their intent) are: each claim lands on a random leaf.
+    Agent,
+}
+
+/// Keys sent so far, by every worker: each call's key is new.
+static KEYS_SENT: AtomicU64 = AtomicU64::new(0);
+
+impl Keys {
+    fn from_env() -> Keys {
+        match std::env::var("OBOL_SOAK_KEYS").as_deref() {
+            Ok("agent") => Keys::Agent,
+            Ok("minted") | Err(_) => Keys::Minted,
+            Ok(other) => panic!("OBOL_SOAK_KEYS is `minted` or `agent`, not {other:?}"),
+        }
+    }
+
+    /// The `n`th call's key, if the client sends one: two rounds of splitmix64, a bijection of
+    /// the counter, so keys never repeat and scatter evenly.
+    fn nth(self, n: u64) -> Option<String> {
+        fn mix(mut z: u64) -> u64 {
+            z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        }
+        match self {
+            Keys::Minted => None,
+            Keys::Agent => Some(format!("idt_{:016x}{:016x}", mix(n), mix(!n))),
+        }
+    }
+}
+
 impl OutsideGateway {
-    /// The same read, as a `tools/call` through this gateway.
-    fn call(&self, http: &reqwest::Client) -> impl Fn() -> BoxedCall + Clone + Send + 'static {
+    /// The same read, as a `tools/call` through this gateway, under the keys `keys` says.
+    fn call(
+        &self,
+        http: &reqwest::Client,
+        keys: Keys,
+    ) -> impl Fn() -> BoxedCall + Clone + Send + 'static {
         let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
             "params": {"name": "stripe.charges.list", "arguments": {"limit": 2}}})
         .to_string();
@@ -2314,9 +2362,13 @@ impl OutsideGateway {
         move || {
             let (http, url, session, body) =
                 (http.clone(), url.clone(), session.clone(), body.clone());
+            let key = keys.nth(KEYS_SENT.fetch_add(1, Ordering::Relaxed));
             Box::pin(async move {
-                let text = http
-                    .post(&url)
+                let mut request = http.post(&url);
+                if let Some(key) = key {
+                    request = request.header("idempotency-key", key);
+                }
+                let text = request
                     .header("authorization", format!("Bearer {TOKEN}"))
                     .header("mcp-session-id", &session)
                     .header("accept", "application/json, text/event-stream")
@@ -2436,7 +2488,7 @@ async fn outside(floor: Option<Floor>) {
                 let server = gateway.redis.map(|index| &rig.redis[index]);
                 let store_before = server.map(Redis::cpu);
                 let file_before = gateway.store_mib();
-                let figures = load(concurrency, gateway.call(&http)).await;
+                let figures = load(concurrency, gateway.call(&http, Keys::Minted)).await;
                 // What the run left working (an append-only-file rewrite it started) finishes
                 // and counts to it, not to the next run.
                 rig.settle();
@@ -2577,6 +2629,8 @@ async fn outside(floor: Option<Floor>) {
 /// gateway) under steady load (`OBOL_SOAK_CONCURRENCY`, default 16) for `OBOL_SOAK_MINUTES`
 /// (default 10). Every minute: calls, latency, the gateway's RSS (anonymous and file pages),
 /// open fds, and the store's size (the embedded file's, or the memory Redis's data takes).
+/// `OBOL_SOAK_KEYS=agent` sends client-chosen keys scattered over the key space (the
+/// gateway mints time-ordered ones otherwise); `OBOL_BENCH_CACHE_MIB` sizes redb's cache.
 async fn soak() {
     let number = |name: &str, default: u64| {
         std::env::var(name)
@@ -2588,6 +2642,8 @@ async fn soak() {
     let concurrency = number("OBOL_SOAK_CONCURRENCY", 16) as usize;
     // `OBOL_SOAK_STORE=redis` soaks the Redis gateway instead (to profile that path).
     let on_redis = std::env::var("OBOL_SOAK_STORE").is_ok_and(|store| store == "redis");
+    // `OBOL_SOAK_KEYS=agent` sends a client-chosen key with each call (scattered claims).
+    let keys = Keys::from_env();
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(64)
         .build()
@@ -2599,8 +2655,12 @@ async fn soak() {
         None => gateway.store_mib(),
     };
     println!(
-        "\nsoak: {} gateway (obol serve), c={concurrency}, {minutes} min of stripe.charges.list",
-        gateway.name
+        "\nsoak: {} gateway (obol serve), c={concurrency}, {minutes} min of stripe.charges.list, {}",
+        gateway.name,
+        match keys {
+            Keys::Minted => "keys minted by the gateway",
+            Keys::Agent => "keys chosen by the client, scattered",
+        }
     );
     println!(
         "  idle: RSS {:.1} MiB, {} open fds, store {:.1} MiB",
@@ -2627,7 +2687,7 @@ async fn soak() {
     let stop = Arc::new(AtomicBool::new(false));
     let workers: Vec<_> = (0..concurrency)
         .map(|_| {
-            let (call, samples, stop) = (gateway.call(&http), samples.clone(), stop.clone());
+            let (call, samples, stop) = (gateway.call(&http, keys), samples.clone(), stop.clone());
             tokio::spawn(async move {
                 while !stop.load(Ordering::Relaxed) {
                     let started = Instant::now();
