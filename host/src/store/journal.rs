@@ -357,8 +357,13 @@ fn write_direct(
 ) -> std::io::Result<Vec<u8>> {
     debug_assert_eq!(start % BLOCK as u64, 0, "a direct write starts on a block");
     let filled = prefix.len() + bytes.len();
-    blocks.clear();
-    blocks.resize(filled.div_ceil(BLOCK), Block([0; BLOCK]));
+    let count = filled.div_ceil(BLOCK);
+    // Blocks kept from an earlier write are overwritten up to `filled` below, and only the
+    // last one's padding zeroed: zeroing every block first was 2 % of a call's instructions.
+    if blocks.len() < count {
+        blocks.resize(count, Block([0; BLOCK]));
+    }
+    let blocks = &mut blocks[..count];
     let mut at = 0;
     for mut part in [prefix, bytes] {
         while !part.is_empty() {
@@ -369,8 +374,12 @@ fn write_direct(
             at += n;
         }
     }
+    let kept = filled % BLOCK;
+    if let (Some(last), true) = (blocks.last_mut(), kept > 0) {
+        last.0[kept..].fill(0);
+    }
     let mut offset = start;
-    let mut rest = blocks.as_slice();
+    let mut rest = &blocks[..];
     while !rest.is_empty() {
         let slices: Vec<IoSlice<'_>> = rest[..rest.len().min(BLOCKS_PER_WRITE)]
             .iter()
@@ -385,7 +394,6 @@ fn write_direct(
         rest = &rest[written / BLOCK..];
         offset += written as u64;
     }
-    let kept = filled % BLOCK;
     Ok(blocks
         .last()
         .map_or(Vec::new(), |block| block.0[..kept].to_vec()))
@@ -430,6 +438,34 @@ mod tests {
             matches!(journal.writes, Writes::Direct { .. }),
             takes_direct_io(dir.path())
         );
+    }
+
+    /// The blocks of a write are reused by the next: what an earlier, longer write left in
+    /// them never reaches the file past a shorter write's end.
+    #[test]
+    fn a_write_pads_its_last_block_with_zeros_whatever_the_write_before_left() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(dir.path().join("j"))
+            .unwrap();
+        let mut blocks = Vec::new();
+        let long = vec![0xAB; 3 * BLOCK - 10];
+        write_direct(&file, &mut blocks, 0, &[], &long).unwrap();
+        let kept = write_direct(&file, &mut blocks, 4 * BLOCK as u64, b"xy", &[0xCD; 100]).unwrap();
+        assert_eq!(kept, [&b"xy"[..], &[0xCD; 100]].concat());
+        let mut written = vec![0u8; BLOCK];
+        file.read_exact_at(&mut written, 4 * BLOCK as u64).unwrap();
+        assert_eq!(&written[..2], b"xy");
+        assert!(written[2..102].iter().all(|&b| b == 0xCD));
+        assert!(
+            written[102..].iter().all(|&b| b == 0),
+            "the padding holds the earlier write's bytes"
+        );
+        assert_eq!(file.metadata().unwrap().len(), 5 * BLOCK as u64);
     }
 
     /// What a journal is asked to do; `Reopen` is a restart of the process.
