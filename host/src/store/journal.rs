@@ -359,7 +359,8 @@ fn write_direct(
     let filled = prefix.len() + bytes.len();
     let count = filled.div_ceil(BLOCK);
     // Blocks kept from an earlier write are overwritten up to `filled` below, and only the
-    // last one's padding zeroed: zeroing every block first was 2 % of a call's instructions.
+    // last one's padding zeroed: zeroing every block first stored some 8 KiB of zeros a call
+    // that the copy then overwrote.
     if blocks.len() < count {
         blocks.resize(count, Block([0; BLOCK]));
     }
