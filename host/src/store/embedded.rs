@@ -54,7 +54,8 @@ const TICKETS: TableDefinition<&str, &[u8]> = TableDefinition::new("approval_tic
 /// `{workspace}\0{created_at_ms:020}\0{id}` → (), for the inbox's newest-first listing.
 const TICKET_INDEX: TableDefinition<&str, ()> = TableDefinition::new("approval_index");
 /// Slot → lease end (ms) of every claim with an attempt reserved: what the sweeper reads to
-/// find dead holders without walking every claim. Written in the claim's own transaction.
+/// find dead holders without walking every claim. Written as the claim's own transaction
+/// commits, and only if the lease is still held then ([`Tables::close`]).
 const LEASES: TableDefinition<&str, u64> = TableDefinition::new("leases");
 /// `{since_ms:020}\0{kind}\0{key}` → (): when each removable record's retention started
 /// (`c` a finalized claim by slot, `r` a receipt by `{workspace}\0{id}`, `t` a ticket by id),
@@ -351,10 +352,8 @@ impl Pending {
     /// Commits it with `durability`, marked as holding every journal record through
     /// [`Pending::through`].
     fn commit(mut self, durability: Durability) -> Result<(), StoreError> {
-        if let Some(sequence) = self.through {
-            self.txn
-                .with_dependent_mut(|_, tables| mark_applied(tables, sequence))?;
-        }
+        self.txn
+            .with_dependent_mut(|_, tables| tables.close(self.through))?;
         let mut txn = self.txn.into_owner();
         txn.set_durability(durability).map_err(failed)?;
         txn.commit().map_err(failed)
@@ -1258,6 +1257,25 @@ struct Tables<'t> {
     journal_state: Option<redb::Table<'t, &'static str, u64>>,
     /// The next audit record's sequence, read from the table when a batch first writes one.
     next_audit: Option<u64>,
+    /// The leases written since the transaction began, by slot: written to [`LEASES`] as it
+    /// commits ([`Tables::close`]). A call's lease is taken at its claim and dropped at its
+    /// finalize, most often within one transaction, and then never reaches the table: two of a
+    /// call's ten B-tree operations.
+    held_leases: HashMap<String, HeldLease>,
+}
+
+/// A lease the pending transaction holds in memory, not yet in [`LEASES`].
+struct HeldLease {
+    until: u64,
+    row: LeaseRow,
+}
+
+/// Whether [`LEASES`] may hold a row for the slot, written by an earlier transaction.
+#[derive(Clone, Copy)]
+enum LeaseRow {
+    /// The slot was claimed in this transaction: it had no claim, so it had no lease.
+    Absent,
+    MayExist,
 }
 
 impl<'t> Tables<'t> {
@@ -1275,7 +1293,63 @@ impl<'t> Tables<'t> {
             expiry: None,
             journal_state: None,
             next_audit: None,
+            held_leases: HashMap::new(),
         }
+    }
+
+    /// The lease of a slot claimed in this transaction.
+    fn lease_claimed(&mut self, slot: &str, until: u64) {
+        let held = HeldLease {
+            until,
+            row: LeaseRow::Absent,
+        };
+        self.held_leases.insert(slot.to_owned(), held);
+    }
+
+    /// A transition's lease: renewed until `until`, or dropped with `None`.
+    fn lease_moved(&mut self, slot: &str, until: Option<u64>) -> Result<(), StoreError> {
+        match until {
+            Some(until) => match self.held_leases.get_mut(slot) {
+                Some(held) => held.until = until,
+                None => {
+                    let held = HeldLease {
+                        until,
+                        row: LeaseRow::MayExist,
+                    };
+                    self.held_leases.insert(slot.to_owned(), held);
+                }
+            },
+            None => {
+                let row = self
+                    .held_leases
+                    .remove(slot)
+                    .map_or(LeaseRow::MayExist, |held| held.row);
+                if let LeaseRow::MayExist = row {
+                    opened(&mut self.leases, self.txn, LEASES)?
+                        .remove(slot)
+                        .map_err(failed)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes what the transaction holds in memory before it commits: the leases still held,
+    /// and the last journal record it applied (`through`), so that the mark commits or is
+    /// lost with the writes it covers.
+    fn close(&mut self, through: Option<u64>) -> Result<(), StoreError> {
+        if !self.held_leases.is_empty() {
+            let leases = opened(&mut self.leases, self.txn, LEASES)?;
+            for (slot, held) in self.held_leases.drain() {
+                leases.insert(slot.as_str(), held.until).map_err(failed)?;
+            }
+        }
+        if let Some(sequence) = through {
+            opened(&mut self.journal_state, self.txn, JOURNAL_STATE)?
+                .insert("applied", sequence)
+                .map_err(failed)?;
+        }
+        Ok(())
     }
 }
 
@@ -1763,13 +1837,6 @@ fn journal_path(path: &Path) -> std::path::PathBuf {
     name.into()
 }
 
-fn mark_applied(tables: &mut Tables, sequence: u64) -> Result<(), StoreError> {
-    opened(&mut tables.journal_state, tables.txn, JOURNAL_STATE)?
-        .insert("applied", sequence)
-        .map_err(failed)?;
-    Ok(())
-}
-
 /// Makes every write applied so far durable in redb itself (after the running checkpoint,
 /// and the batches it deferred), then starts both halves of the journal over.
 fn checkpoint(db: &Database, writer: &mut Writer) -> Result<(), StoreError> {
@@ -1921,7 +1988,7 @@ fn recover(db: &Database, path: &Path, applied: u64) -> Result<Writer, StoreErro
         {
             let mut tables = Tables::of(&txn);
             apply(&mut tables, writes.iter())?;
-            mark_applied(&mut tables, record.sequence)?;
+            tables.close(Some(record.sequence))?;
         }
         txn.commit().map_err(failed)?;
         writer.sequence = record.sequence;
@@ -2083,9 +2150,7 @@ fn apply<'a>(
                                 .insert(slot.as_str(), record.bytes())
                                 .map_err(failed)?;
                             if let Some(until) = lease {
-                                opened(&mut tables.leases, txn, LEASES)?
-                                    .insert(slot.as_str(), *until)
-                                    .map_err(failed)?;
+                                tables.lease_claimed(slot, *until);
                             }
                             results.push(Ok(answer));
                         }
@@ -2126,12 +2191,7 @@ fn apply<'a>(
                                 .insert(expiry_key(*since, 'c', slot).as_str(), ())
                                 .map_err(failed)?;
                         }
-                        let leases = opened(&mut tables.leases, txn, LEASES)?;
-                        match lease {
-                            Some(until) => leases.insert(slot.as_str(), *until).map(|_| ()),
-                            None => leases.remove(slot.as_str()).map(|_| ()),
-                        }
-                        .map_err(failed)?;
+                        tables.lease_moved(slot, *lease)?;
                         if let Some(rendered) = receipt {
                             write_receipt(tables, rendered)?;
                         }
@@ -3320,6 +3380,72 @@ mod tests {
             .journals
             .active()
             .refuse_next = true;
+    }
+
+    /// Leases are held in the pending transaction and reach the leases table as it commits:
+    /// the sweeper, live and after a crash that left them only in the journal, finds the dead
+    /// holder still reserved, and neither a lease taken and dropped before any commit nor one
+    /// dropped after a commit took it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_sweeper_finds_exactly_the_reserved_leases_however_commits_fall() {
+        use crate::store::contract::{receipt, record_leased_until};
+        use crate::store::{OutcomeClass, StoredOutcome};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.redb");
+        let store = EmbeddedStore::open(&path).unwrap();
+        let dead = record_leased_until(1);
+        let settle = |k: &ClaimKey| {
+            let settled = dead.finalize(StoredOutcome {
+                class: OutcomeClass::Unknown,
+                vendor_status: None,
+                response: Err(serde_json::json!({"code": -32000})),
+            });
+            let receipt = receipt(&settled, k);
+            (settled, receipt)
+        };
+        let (held, dropped, across, renewed) =
+            (key("held"), key("dropped"), key("across"), key("renewed"));
+        // `across` is committed (a read publishes) before it is finalized.
+        store.claim(&across, &dead).await.unwrap();
+        assert!(store.get(&across).await.unwrap().is_some());
+        for k in [&held, &dropped, &renewed] {
+            store.claim(k, &dead).await.unwrap();
+        }
+        for k in [&dropped, &across] {
+            let (settled, receipt) = settle(k);
+            assert!(
+                store
+                    .transition(k, &dead, &settled, Some(&receipt))
+                    .await
+                    .unwrap()
+            );
+        }
+        // Renewed past now in the transaction that claimed it: not dead.
+        let live = dead.renew(u64::MAX / 2);
+        assert!(
+            store
+                .transition(&renewed, &dead, &live, None)
+                .await
+                .unwrap()
+        );
+        assert_eq!(
+            store.inner.writer.lock().unwrap().checkpointed,
+            0,
+            "the test needs every write after the last checkpoint"
+        );
+        let crashed = tempfile::tempdir().unwrap();
+        let copy = crash_copy(&store, &path, crashed.path());
+        let reopened = EmbeddedStore::open(&copy).unwrap();
+        for store in [&store, &reopened] {
+            let found: Vec<String> = store
+                .expired_leases(crate::clock::now_ms(), 100)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|(slot, _)| slot)
+                .collect();
+            assert_eq!(found, vec![held.slot()]);
+        }
     }
 
     /// What a crash would leave of `store` (its file and journal at `path`), copied into
