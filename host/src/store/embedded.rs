@@ -1259,8 +1259,8 @@ struct Tables<'t> {
     next_audit: Option<u64>,
     /// The leases written since the transaction began, by slot: written to [`LEASES`] as it
     /// commits ([`Tables::close`]). A call's lease is taken at its claim and dropped at its
-    /// finalize, most often within one transaction, and then never reaches the table: two of a
-    /// call's ten B-tree operations.
+    /// finalize, most often within one transaction, and then never reaches the table: two of
+    /// the eleven B-tree writes and reads a call made.
     held_leases: HashMap<String, HeldLease>,
 }
 
