@@ -1260,7 +1260,7 @@ struct Tables<'t> {
     /// The leases written since the transaction began, by slot: written to [`LEASES`] as it
     /// commits ([`Tables::close`]). A call's lease is taken at its claim and dropped at its
     /// finalize, most often within one transaction, and then never reaches the table: two of
-    /// the eleven B-tree writes and reads a call made.
+    /// the twelve B-tree writes and reads a call made.
     held_leases: HashMap<String, HeldLease>,
 }
 
