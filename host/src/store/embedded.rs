@@ -1067,7 +1067,7 @@ fn compact(horizon_ms: u64, limit: usize, tables: &mut Removal) -> Result<usize,
                     .claims
                     .get(key)
                     .map_err(failed)?
-                    .and_then(|bytes| serde_json::from_slice::<RecordHead>(bytes.value()).ok())
+                    .and_then(|bytes| RecordHead::read(bytes.value()).ok())
                     .is_some_and(|head| head.is_finalized());
                 if finalized {
                     tables.claims.remove(key).map_err(failed)?;
@@ -1128,7 +1128,7 @@ fn backfill_expiry(txn: &redb::WriteTransaction) -> Result<(), StoreError> {
     let claims = txn.open_table(CLAIMS).map_err(failed)?;
     for entry in claims.iter().map_err(failed)? {
         let (slot, bytes) = entry.map_err(failed)?;
-        if let Ok(head) = serde_json::from_slice::<RecordHead>(bytes.value())
+        if let Ok(head) = RecordHead::read(bytes.value())
             && head.is_finalized()
         {
             expiry
@@ -2102,7 +2102,7 @@ fn decide(write: &Write, found: Option<&[u8]>) -> Verdict {
             expected_version,
             next_version,
             ..
-        } => match found.map(serde_json::from_slice::<RecordHead>) {
+        } => match found.map(RecordHead::read) {
             None => Verdict::Answers(Err(super::gone(slot))),
             Some(Err(error)) => Verdict::Answers(Err(undecodable(slot, error))),
             Some(Ok(_)) if *next_version != expected_version + 1 => {
