@@ -917,7 +917,7 @@ mod tests {
     #[test]
     fn a_head_read_off_the_front_is_the_parsed_head() {
         use proptest::prelude::*;
-        let text = proptest::string::string_regex(r#"[a-z"\{}:,]{0,12}"#).unwrap();
+        let text = proptest::string::string_regex(r#"[a-z"\\{}:,]{0,12}"#).unwrap();
         let state = (0..4u8, text).prop_map(|(which, text)| {
             let outcome = StoredOutcome {
                 class: OutcomeClass::Accepted,
