@@ -88,8 +88,9 @@ const JOURNAL_BYTES: u64 = 8 << 20;
 /// Why the store refuses writes after a commit of the pending transaction began and never
 /// returned (a panic inside it): what the transaction held is only in the journal.
 const UNFINISHED_COMMIT: &str = "a commit of journaled writes did not finish";
-/// The most writes the pending transaction takes before it is committed (without an fsync):
-/// its dirty pages stay in memory until then, about 5 KiB per call's writes.
+/// How many writes the pending transaction holds before it is committed (without an fsync),
+/// checked after each batch, so it may hold up to `MAX_BATCH - 1` more: its dirty pages stay
+/// in memory until then, about 5 KiB per call's writes.
 const PUBLISH_AFTER: usize = 512;
 /// The longest the journal goes without a checkpoint while writes arrive: what a restart may
 /// have to apply again.
