@@ -8,7 +8,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::http::{HeaderMap, HeaderName, HeaderValue, Method};
+use axum::body::Bytes;
+use axum::http::header::{ACCEPT, CONTENT_LENGTH};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri};
+use http_body_util::{BodyExt, Full};
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use rustls::pki_types::CertificateDer;
 
 use crate::catalog::{HOST_OWNED_HEADERS, Propagation};
 use crate::config::{BaseUrl, OutboundConfig, SecretRef, SecretSource};
@@ -21,6 +28,8 @@ use crate::runtime::wit;
 pub struct Prepared {
     method: Method,
     url: reqwest::Url,
+    /// The same URL as the HTTP client takes it.
+    uri: Uri,
     headers: HeaderMap,
     body: Option<Vec<u8>>,
 }
@@ -115,9 +124,13 @@ impl Prepared {
                 .apply(&mut headers, &mut body)
                 .map_err(ObolError::InvalidOutboundRequest)?;
         }
+        let uri = Uri::try_from(url.as_str()).map_err(|_| {
+            ObolError::InvalidOutboundRequest("the request URL does not parse".into())
+        })?;
         Ok(Prepared {
             method,
             url,
+            uri,
             headers,
             body,
         })
@@ -187,26 +200,92 @@ pub enum AttemptOutcome {
     },
 }
 
+/// The client a vendor is reached with: hyper-util's pooled client over TCP or TLS. Not
+/// reqwest (which the MCP upstreams keep): its layers parse the URL twice more on every
+/// request and add proxy, redirect and decompression machinery the vendor hop refuses
+/// anyway (ADR-0076).
+type VendorClient = hyper_util::client::legacy::Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// Which certificates a vendor's TLS certificate may chain to.
+#[derive(Debug, Clone)]
+pub(crate) enum Trust {
+    /// The system's roots, read the way the platform's own clients read them.
+    System,
+    /// The system's roots and these (the tests' own certificate authority).
+    #[cfg_attr(not(test), allow(dead_code))]
+    SystemAnd(Vec<CertificateDer<'static>>),
+}
+
 /// The HTTP clients every vendor is reached with.
 #[derive(Debug, Clone)]
 pub struct Outbound {
     /// A client for each lane, then one for callers off the lanes. A pooled connection is
     /// driven by the runtime that opened it: a call reusing a connection another lane opened
     /// would hand its request and the reply across threads (ADR-0060).
-    clients: Arc<[reqwest::Client]>,
+    clients: Arc<[VendorClient]>,
+    /// From the request's start to its response's last byte, connecting included.
+    request_timeout: Duration,
     max_response_bytes: usize,
 }
 
-/// The egress rules every outbound client shares.
+/// The egress rules the MCP upstreams' client follows; the vendor hop's own client
+/// ([`vendor_client`]) follows the same ones.
 fn egress(config: &OutboundConfig) -> reqwest::ClientBuilder {
     reqwest::Client::builder()
         // A redirect could leave the connection's origin after the check above.
         .redirect(reqwest::redirect::Policy::none())
         .connect_timeout(config.connect_timeout)
-        .pool_idle_timeout(Duration::from_secs(30))
+        .pool_idle_timeout(POOL_IDLE_TIMEOUT)
         // The outbound hop must not pick up proxies from the environment: that would
         // route vendor credentials through a host the operator did not name.
         .no_proxy()
+}
+
+/// How long an idle connection to a vendor or upstream is kept for the next call.
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// TCP keepalive on vendor connections, as reqwest sets it: a vendor that vanished without
+/// closing is noticed on an idle pooled connection instead of on the next call's request.
+const TCP_KEEPALIVE: Duration = Duration::from_secs(15);
+
+/// A vendor client with the egress rules. hyper-util's client follows no redirects and reads
+/// no proxy settings from the environment by construction; the connect deadline is the
+/// connector's, the request deadline [`Outbound::send`]'s.
+fn vendor_client(config: &OutboundConfig, tls: &rustls::ClientConfig) -> VendorClient {
+    let mut tcp = HttpConnector::new();
+    // The TLS layer below takes https URLs; plain http ones pass through it.
+    tcp.enforce_http(false);
+    tcp.set_connect_timeout(Some(config.connect_timeout));
+    tcp.set_nodelay(true);
+    tcp.set_keepalive(Some(TCP_KEEPALIVE));
+    tcp.set_keepalive_interval(Some(TCP_KEEPALIVE));
+    tcp.set_keepalive_retries(Some(3));
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls.clone())
+        .https_or_http()
+        .enable_all_versions()
+        .wrap_connector(tcp);
+    hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+        .pool_timer(TokioTimer::new())
+        .build(connector)
+}
+
+/// The TLS settings of every vendor connection: rustls with its aws-lc-rs provider (as
+/// reqwest builds it for the upstreams), certificates checked by the platform verifier.
+fn tls_config(trust: Trust) -> anyhow::Result<rustls::ClientConfig> {
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let verifier = match trust {
+        Trust::System => rustls_platform_verifier::Verifier::new(provider.clone())?,
+        Trust::SystemAnd(roots) => {
+            rustls_platform_verifier::Verifier::new_with_extra_roots(roots, provider.clone())?
+        }
+    };
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(verifier))
+        .with_no_client_auth())
 }
 
 /// The client MCP upstreams are reached on: the same egress rules, with a deadline between
@@ -220,21 +299,25 @@ pub fn streaming_client(config: &OutboundConfig) -> anyhow::Result<reqwest::Clie
 
 impl Outbound {
     pub fn new(config: &OutboundConfig) -> anyhow::Result<Outbound> {
-        Outbound::for_lanes(config, lanes::count())
+        Outbound::for_lanes(config, lanes::count(), Trust::System)
     }
 
-    fn for_lanes(config: &OutboundConfig, lanes: usize) -> anyhow::Result<Outbound> {
-        let clients = (0..=lanes)
-            .map(|_| egress(config).timeout(config.request_timeout).build())
-            .collect::<Result<_, _>>()?;
+    pub(crate) fn for_lanes(
+        config: &OutboundConfig,
+        lanes: usize,
+        trust: Trust,
+    ) -> anyhow::Result<Outbound> {
+        let tls = tls_config(trust)?;
+        let clients = (0..=lanes).map(|_| vendor_client(config, &tls)).collect();
         Ok(Outbound {
             clients,
+            request_timeout: config.request_timeout,
             max_response_bytes: config.max_response_bytes,
         })
     }
 
     /// The calling lane's client, whose pooled connections that lane drives.
-    fn client(&self) -> &reqwest::Client {
+    fn client(&self) -> &VendorClient {
         let own = lanes::current().map_or(0, |lane| lane + 1);
         self.clients.get(own).unwrap_or(&self.clients[0])
     }
@@ -243,40 +326,56 @@ impl Outbound {
         self.max_response_bytes
     }
 
-    /// Sends exactly one attempt.
+    /// Sends exactly one attempt. A deadline that passes after the connection was made may
+    /// have let the request through, so it is `SentNoReply`; a connection that could not be
+    /// made (refused, its own deadline, a TLS handshake that failed) is `NotSent`.
     pub async fn send(&self, request: Prepared) -> AttemptOutcome {
-        let mut builder = self
-            .client()
-            .request(request.method, request.url)
-            .headers(request.headers);
-        if let Some(body) = request.body {
-            builder = builder.body(body);
-        }
-        let mut response = match builder.send().await {
+        tokio::time::timeout(self.request_timeout, self.attempt(request))
+            .await
+            .unwrap_or(AttemptOutcome::SentNoReply)
+    }
+
+    async fn attempt(&self, prepared: Prepared) -> AttemptOutcome {
+        let mut request = Request::new(Full::new(
+            prepared.body.map_or_else(Bytes::new, Bytes::from),
+        ));
+        *request.method_mut() = prepared.method;
+        *request.uri_mut() = prepared.uri;
+        *request.headers_mut() = prepared.headers;
+        // What reqwest sent by default, kept: some vendors' front ends refuse a request
+        // without an Accept header.
+        request
+            .headers_mut()
+            .entry(ACCEPT)
+            .or_insert(HeaderValue::from_static("*/*"));
+        let response = match self.client().request(request).await {
             Ok(response) => response,
             Err(error) if error.is_connect() => return AttemptOutcome::NotSent,
             Err(_) => return AttemptOutcome::SentNoReply,
         };
         let status = response.status().as_u16();
-        if response
-            .content_length()
-            .is_some_and(|len| len > self.max_response_bytes as u64)
-        {
+        let declared = response
+            .headers()
+            .get(CONTENT_LENGTH)
+            .and_then(|len| len.to_str().ok()?.parse::<u64>().ok());
+        if declared.is_some_and(|len| len > self.max_response_bytes as u64) {
             return AttemptOutcome::TooLarge { status };
         }
         let headers = component_headers(response.headers());
+        let mut incoming = response.into_body();
         let mut body = Vec::new();
-        loop {
-            match response.chunk().await {
-                Ok(Some(chunk)) => {
-                    if body.len() + chunk.len() > self.max_response_bytes {
-                        return AttemptOutcome::TooLarge { status };
-                    }
-                    body.extend_from_slice(&chunk);
-                }
-                Ok(None) => break,
-                Err(_) => return AttemptOutcome::SentNoReply,
+        while let Some(frame) = incoming.frame().await {
+            let Ok(frame) = frame else {
+                return AttemptOutcome::SentNoReply;
+            };
+            // Trailers are not part of the answer a component gets.
+            let Ok(chunk) = frame.into_data() else {
+                continue;
+            };
+            if body.len() + chunk.len() > self.max_response_bytes {
+                return AttemptOutcome::TooLarge { status };
             }
+            body.extend_from_slice(&chunk);
         }
         AttemptOutcome::Responded(VendorReply {
             status,
@@ -330,6 +429,7 @@ mod tests {
     use super::*;
     use crate::catalog::Propagation;
     use crate::listener::lanes::Lanes;
+    use rustls::pki_types::pem::PemObject;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::sync::{mpsc, oneshot};
 
@@ -366,13 +466,8 @@ mod tests {
     #[tokio::test]
     async fn each_lane_reuses_the_vendor_connections_it_opened() {
         let (base, mut ports) = vendor().await;
-        let config = OutboundConfig {
-            connect_timeout: Duration::from_secs(5),
-            request_timeout: Duration::from_secs(5),
-            max_response_bytes: 1 << 20,
-            upstream_list_timeout: Duration::from_secs(5),
-        };
-        let outbound = Outbound::for_lanes(&config, 2).unwrap();
+        let config = test_config();
+        let outbound = Outbound::for_lanes(&config, 2, Trust::System).unwrap();
         let lanes = Lanes::with(2).unwrap();
         // Two requests in turn on one lane, which the first connection holds; then two on
         // the other lane, while the first lane's connection sits idle in a pool.
@@ -437,13 +532,8 @@ mod tests {
             socket.write_all(answer.as_bytes()).await.unwrap();
             let _ = socket.read(&mut buffer).await;
         });
-        let config = OutboundConfig {
-            connect_timeout: Duration::from_secs(5),
-            request_timeout: Duration::from_secs(5),
-            max_response_bytes: 1 << 20,
-            upstream_list_timeout: Duration::from_secs(5),
-        };
-        let outbound = Outbound::for_lanes(&config, 1).unwrap();
+        let config = test_config();
+        let outbound = Outbound::for_lanes(&config, 1, Trust::System).unwrap();
         let lanes = Lanes::with(1).unwrap();
         let (done, outcome) = oneshot::channel();
         lanes.serve(async move {
@@ -464,6 +554,103 @@ mod tests {
         names.sort_unstable();
         assert_eq!(names, ["content-type", "request-id"]);
         assert_eq!(reply.body, b"{}");
+    }
+
+    /// A vendor on loopback that speaks HTTPS with a certificate for 127.0.0.1 issued by the
+    /// tests' own certificate authority (testdata/, valid for a century), and reports the
+    /// head of every request it reads.
+    async fn tls_vendor() -> (BaseUrl, mpsc::UnboundedReceiver<String>) {
+        use rustls::pki_types::PrivateKeyDer;
+        let chain =
+            vec![CertificateDer::from_pem_slice(include_bytes!("testdata/vendor.pem")).unwrap()];
+        let key = PrivateKeyDer::from_pem_slice(include_bytes!("testdata/vendor-key.pem")).unwrap();
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(chain, key)
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base =
+            BaseUrl::parse(&format!("https://{}/api", listener.local_addr().unwrap())).unwrap();
+        let (report, reported) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                let (acceptor, report) = (acceptor.clone(), report.clone());
+                tokio::spawn(async move {
+                    let Ok(mut tls) = acceptor.accept(socket).await else {
+                        return;
+                    };
+                    let mut pending = Vec::new();
+                    let mut buffer = [0u8; 4096];
+                    while let Ok(n @ 1..) = tls.read(&mut buffer).await {
+                        pending.extend_from_slice(&buffer[..n]);
+                        while let Some(end) = pending.windows(4).position(|w| w == b"\r\n\r\n") {
+                            let head: Vec<u8> = pending.drain(..end + 4).collect();
+                            let _ = report.send(String::from_utf8_lossy(&head).into_owned());
+                            let answer =
+                                b"HTTP/1.1 200 OK\r\ncontent-length: 12\r\n\r\n{\"tls\":true}";
+                            if tls.write_all(answer).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        (base, reported)
+    }
+
+    fn test_config() -> OutboundConfig {
+        OutboundConfig {
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(5),
+            max_response_bytes: 1 << 20,
+            upstream_list_timeout: Duration::from_secs(5),
+        }
+    }
+
+    /// One attempt at `GET {base}/x` from a client that trusts `trust`.
+    async fn get(base: &BaseUrl, trust: Trust) -> AttemptOutcome {
+        let outbound = Outbound::for_lanes(&test_config(), 1, trust).unwrap();
+        let request = wit::OutboundRequest {
+            method: wit::Method::Get,
+            url: format!("{}/x", base.url().as_str().trim_end_matches('/')),
+            headers: Vec::new(),
+            body: None,
+        };
+        let prepared = Prepared::new(request, base, &Propagation::None, None, None, None).unwrap();
+        outbound.send(prepared).await
+    }
+
+    #[tokio::test]
+    async fn a_vendor_on_https_is_reached_when_its_certificate_chains_to_a_trusted_root() {
+        let (base, mut heads) = tls_vendor().await;
+        let ca = CertificateDer::from_pem_slice(include_bytes!("testdata/ca.pem")).unwrap();
+        let outcome = get(&base, Trust::SystemAnd(vec![ca])).await;
+        let AttemptOutcome::Responded(reply) = outcome else {
+            panic!("the HTTPS vendor's answer was not read: {outcome:?}");
+        };
+        assert_eq!(
+            (reply.status, reply.body.as_slice()),
+            (200, &b"{\"tls\":true}"[..])
+        );
+        let head = heads.try_recv().unwrap();
+        assert!(head.starts_with("GET /api/x HTTP/1.1\r\n"), "{head}");
+        let host = format!("host: {}\r\n", base.url().authority());
+        assert!(head.to_ascii_lowercase().contains(&host), "{head}");
+    }
+
+    /// A certificate no trusted root vouches for fails the handshake: nothing was sent, so
+    /// the attempt is `NotSent` (the key stays reusable, nothing is counted as an attempt).
+    #[tokio::test]
+    async fn a_vendor_whose_certificate_no_root_vouches_for_gets_no_request() {
+        let (base, mut heads) = tls_vendor().await;
+        let outcome = get(&base, Trust::System).await;
+        assert!(matches!(outcome, AttemptOutcome::NotSent), "{outcome:?}");
+        assert!(heads.try_recv().is_err(), "the vendor read a request");
     }
 
     fn template(url: &str, headers: &[(&str, &str)], body: Option<&str>) -> wit::OutboundRequest {
