@@ -202,8 +202,7 @@ pub enum AttemptOutcome {
 
 /// The client a vendor is reached with: hyper-util's pooled client over TCP or TLS. Not
 /// reqwest (which the MCP upstreams keep): its layers parse the URL twice more on every
-/// request and add proxy, redirect and decompression machinery the vendor hop refuses
-/// anyway (ADR-0076).
+/// request and run proxy and redirect machinery the vendor hop refuses anyway (ADR-0076).
 type VendorClient = hyper_util::client::legacy::Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 /// Which certificates a vendor's TLS certificate may chain to.
