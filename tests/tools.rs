@@ -223,6 +223,42 @@ async fn the_credential_reaches_only_the_vendor() {
     client.close().await;
 }
 
+/// A vendor on HTTPS whose certificate a private authority issued: the gateway trusts the
+/// roots the system's store holds, and `SSL_CERT_FILE` names that store (docs/operations.md).
+/// Without the authority the handshake fails: nothing is sent, the caller may retry, and the
+/// log says why.
+#[tokio::test]
+async fn an_https_vendor_is_reached_only_through_roots_the_operator_trusts() {
+    let vendor = MockVendor::start_tls().await;
+    let untrusting = GatewayProcess::start(&GatewayConfig::new(&vendor.base_url()));
+    let client = McpClient::connect(&untrusting.url, TOKEN).await;
+    let (code, _, data) = client.call_err("stripe.charges.list", json!({})).await;
+    assert_eq!(code, -32000);
+    assert_eq!(data.unwrap()["type"], "upstream_unreachable");
+    assert!(vendor.seen().is_empty(), "the vendor got a request");
+    let log = untrusting.log();
+    assert!(
+        log.contains("could not connect to the vendor") && log.contains("UnknownIssuer"),
+        "the log does not say the certificate is not trusted: {log}"
+    );
+    client.close().await;
+
+    let mut config = GatewayConfig::new(&vendor.base_url());
+    let authority = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/tls/ca.pem");
+    config.env.push(("SSL_CERT_FILE".into(), authority.into()));
+    let trusting = GatewayProcess::start(&config);
+    let client = McpClient::connect(&trusting.url, TOKEN).await;
+    let result = client.call("stripe.charges.list", json!({})).await.unwrap();
+    assert_ne!(result.is_error, Some(true), "{result:?}");
+    let seen = vendor.seen();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(
+        seen[0].header("authorization"),
+        Some(format!("Bearer {SECRET}").as_str())
+    );
+    client.close().await;
+}
+
 #[tokio::test]
 async fn off_schema_structured_output_is_refused_without_echoing_it() {
     let vendor = MockVendor::start().await;

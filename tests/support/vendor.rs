@@ -65,25 +65,83 @@ struct Script {
 #[derive(Clone)]
 pub struct MockVendor {
     pub address: SocketAddr,
+    /// `http`, or `https` for [`MockVendor::start_tls`].
+    scheme: &'static str,
     script: Arc<Mutex<Script>>,
 }
 
 impl MockVendor {
     pub async fn start() -> MockVendor {
+        let (script, app, listener, address) = MockVendor::listening().await;
+        tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        MockVendor {
+            address,
+            scheme: "http",
+            script,
+        }
+    }
+
+    /// The same vendor over HTTPS, with a certificate for 127.0.0.1 issued by the tests' own
+    /// certificate authority (`tests/fixtures/tls/ca.pem`), which no system trusts.
+    pub async fn start_tls() -> MockVendor {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let chain = vec![
+            CertificateDer::from_pem_slice(include_bytes!("../fixtures/tls/vendor.pem")).unwrap(),
+        ];
+        let key = PrivateKeyDer::from_pem_slice(include_bytes!("../fixtures/tls/vendor-key.pem"))
+            .unwrap();
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let tls = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(chain, key)
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+        let (script, app, listener, address) = MockVendor::listening().await;
+        tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                let (acceptor, app) = (acceptor.clone(), app.clone());
+                tokio::spawn(async move {
+                    // A client that refuses the certificate ends here, before any request.
+                    let Ok(stream) = acceptor.accept(socket).await else {
+                        return;
+                    };
+                    let service = hyper_util::service::TowerToHyperService::new(app);
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        MockVendor {
+            address,
+            scheme: "https",
+            script,
+        }
+    }
+
+    /// A script, the app answering from it, and a listener on loopback for it.
+    async fn listening() -> (
+        Arc<Mutex<Script>>,
+        Router,
+        tokio::net::TcpListener,
+        SocketAddr,
+    ) {
         let script = Arc::new(Mutex::new(Script::default()));
         let app = Router::new()
             .fallback(answer)
             .with_state(Arc::clone(&script));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            axum::serve(listener, app).await.unwrap();
-        });
-        MockVendor { address, script }
+        (script, app, listener, address)
     }
 
     pub fn base_url(&self) -> String {
-        format!("http://{}", self.address)
+        format!("{}://{}", self.scheme, self.address)
     }
 
     /// Answer requests to `path` with `reply` from now on.

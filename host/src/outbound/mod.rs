@@ -349,7 +349,16 @@ impl Outbound {
             .or_insert(HeaderValue::from_static("*/*"));
         let response = match self.client().request(request).await {
             Ok(response) => response,
-            Err(error) if error.is_connect() => return AttemptOutcome::NotSent,
+            Err(error) if error.is_connect() => {
+                // The operator's one clue to a vendor that is down or whose certificate the
+                // gateway does not trust (the caller sees only `upstream_unreachable`).
+                tracing::warn!(
+                    origin = %prepared.url.origin().ascii_serialization(),
+                    "could not connect to the vendor, nothing was sent: {}",
+                    causes(&error)
+                );
+                return AttemptOutcome::NotSent;
+            }
             Err(_) => return AttemptOutcome::SentNoReply,
         };
         let status = response.status().as_u16();
@@ -382,6 +391,20 @@ impl Outbound {
             body,
         })
     }
+}
+
+/// An error and what caused it, outermost first: hyper's own message says only "client
+/// error (Connect)"; the cause says refused, timed out, or which certificate check failed.
+/// Neither holds the request's headers, so no credential.
+fn causes(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(error) = cause {
+        text.push_str(": ");
+        text.push_str(&error.to_string());
+        cause = error.source();
+    }
+    text
 }
 
 /// A vendor's response headers as the component gets them: in the map's order (each name's
@@ -556,13 +579,20 @@ mod tests {
     }
 
     /// A vendor on loopback that speaks HTTPS with a certificate for 127.0.0.1 issued by the
-    /// tests' own certificate authority (testdata/, valid for a century), and reports the
-    /// head of every request it reads.
+    /// tests' own certificate authority (tests/fixtures/tls/, valid for a century), and
+    /// reports the head of every request it reads.
     async fn tls_vendor() -> (BaseUrl, mpsc::UnboundedReceiver<String>) {
         use rustls::pki_types::PrivateKeyDer;
-        let chain =
-            vec![CertificateDer::from_pem_slice(include_bytes!("testdata/vendor.pem")).unwrap()];
-        let key = PrivateKeyDer::from_pem_slice(include_bytes!("testdata/vendor-key.pem")).unwrap();
+        let chain = vec![
+            CertificateDer::from_pem_slice(include_bytes!(
+                "../../../tests/fixtures/tls/vendor.pem"
+            ))
+            .unwrap(),
+        ];
+        let key = PrivateKeyDer::from_pem_slice(include_bytes!(
+            "../../../tests/fixtures/tls/vendor-key.pem"
+        ))
+        .unwrap();
         let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
         let config = rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
@@ -627,7 +657,9 @@ mod tests {
     #[tokio::test]
     async fn a_vendor_on_https_is_reached_when_its_certificate_chains_to_a_trusted_root() {
         let (base, mut heads) = tls_vendor().await;
-        let ca = CertificateDer::from_pem_slice(include_bytes!("testdata/ca.pem")).unwrap();
+        let ca =
+            CertificateDer::from_pem_slice(include_bytes!("../../../tests/fixtures/tls/ca.pem"))
+                .unwrap();
         let outcome = get(&base, Trust::SystemAnd(vec![ca])).await;
         let AttemptOutcome::Responded(reply) = outcome else {
             panic!("the HTTPS vendor's answer was not read: {outcome:?}");
