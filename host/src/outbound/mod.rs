@@ -582,25 +582,7 @@ mod tests {
     /// tests' own certificate authority (tests/fixtures/tls/, valid for a century), and
     /// reports the head of every request it reads.
     async fn tls_vendor() -> (BaseUrl, mpsc::UnboundedReceiver<String>) {
-        use rustls::pki_types::PrivateKeyDer;
-        let chain = vec![
-            CertificateDer::from_pem_slice(include_bytes!(
-                "../../../tests/fixtures/tls/vendor.pem"
-            ))
-            .unwrap(),
-        ];
-        let key = PrivateKeyDer::from_pem_slice(include_bytes!(
-            "../../../tests/fixtures/tls/vendor-key.pem"
-        ))
-        .unwrap();
-        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-        let config = rustls::ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_no_client_auth()
-            .with_single_cert(chain, key)
-            .unwrap();
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let acceptor = tls_acceptor(Vec::new());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base =
             BaseUrl::parse(&format!("https://{}/api", listener.local_addr().unwrap())).unwrap();
@@ -632,6 +614,70 @@ mod tests {
         (base, reported)
     }
 
+    /// The TLS side of the tests' HTTPS vendors, offering `alpn` in the handshake.
+    fn tls_acceptor(alpn: Vec<Vec<u8>>) -> tokio_rustls::TlsAcceptor {
+        use rustls::pki_types::PrivateKeyDer;
+        let chain = vec![
+            CertificateDer::from_pem_slice(include_bytes!(
+                "../../../tests/fixtures/tls/vendor.pem"
+            ))
+            .unwrap(),
+        ];
+        let key = PrivateKeyDer::from_pem_slice(include_bytes!(
+            "../../../tests/fixtures/tls/vendor-key.pem"
+        ))
+        .unwrap();
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let mut config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(chain, key)
+            .unwrap();
+        config.alpn_protocols = alpn;
+        tokio_rustls::TlsAcceptor::from(Arc::new(config))
+    }
+
+    /// An HTTPS vendor that speaks only HTTP/2 (offered by ALPN, as vendors' front ends do)
+    /// and reports the version of every request it serves.
+    async fn h2_vendor() -> (BaseUrl, mpsc::UnboundedReceiver<axum::http::Version>) {
+        let acceptor = tls_acceptor(vec![b"h2".to_vec()]);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base =
+            BaseUrl::parse(&format!("https://{}/api", listener.local_addr().unwrap())).unwrap();
+        let (report, reported) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                let (acceptor, report) = (acceptor.clone(), report.clone());
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(socket).await else {
+                        return;
+                    };
+                    let service = hyper::service::service_fn(move |request: Request<_>| {
+                        let _ = report.send(request.version());
+                        async {
+                            Ok::<_, std::convert::Infallible>(axum::http::Response::new(Full::new(
+                                Bytes::from_static(b"{\"h2\":true}"),
+                            )))
+                        }
+                    });
+                    let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                        .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                        .await;
+                });
+            }
+        });
+        (base, reported)
+    }
+
+    /// The system's roots and the tests' own authority, which issued the HTTPS vendors'.
+    fn tests_authority() -> Trust {
+        let ca =
+            CertificateDer::from_pem_slice(include_bytes!("../../../tests/fixtures/tls/ca.pem"))
+                .unwrap();
+        Trust::SystemAnd(vec![ca])
+    }
+
     fn test_config() -> OutboundConfig {
         OutboundConfig {
             connect_timeout: Duration::from_secs(5),
@@ -657,10 +703,7 @@ mod tests {
     #[tokio::test]
     async fn a_vendor_on_https_is_reached_when_its_certificate_chains_to_a_trusted_root() {
         let (base, mut heads) = tls_vendor().await;
-        let ca =
-            CertificateDer::from_pem_slice(include_bytes!("../../../tests/fixtures/tls/ca.pem"))
-                .unwrap();
-        let outcome = get(&base, Trust::SystemAnd(vec![ca])).await;
+        let outcome = get(&base, tests_authority()).await;
         let AttemptOutcome::Responded(reply) = outcome else {
             panic!("the HTTPS vendor's answer was not read: {outcome:?}");
         };
@@ -672,6 +715,21 @@ mod tests {
         assert!(head.starts_with("GET /api/x HTTP/1.1\r\n"), "{head}");
         let host = format!("host: {}\r\n", base.url().authority());
         assert!(head.to_ascii_lowercase().contains(&host), "{head}");
+    }
+
+    /// A vendor that offers HTTP/2 in the handshake is spoken to in HTTP/2, as reqwest did.
+    #[tokio::test]
+    async fn a_vendor_offering_http2_is_spoken_to_in_http2() {
+        let (base, mut versions) = h2_vendor().await;
+        let outcome = get(&base, tests_authority()).await;
+        let AttemptOutcome::Responded(reply) = outcome else {
+            panic!("the HTTP/2 vendor's answer was not read: {outcome:?}");
+        };
+        assert_eq!(
+            (reply.status, reply.body.as_slice()),
+            (200, &b"{\"h2\":true}"[..])
+        );
+        assert_eq!(versions.try_recv().unwrap(), axum::http::Version::HTTP_2);
     }
 
     /// A certificate no trusted root vouches for fails the handshake: nothing was sent, so
