@@ -59,15 +59,40 @@ impl Owner {
     }
 }
 
+#[allow(unsafe_code)]
+unsafe extern "C" {
+    // mimalloc's unaligned entry points (linked with the crate, whose `MiMalloc` calls only
+    // the aligned ones).
+    fn mi_malloc(size: usize) -> *mut std::ffi::c_void;
+    fn mi_zalloc(size: usize) -> *mut std::ffi::c_void;
+    fn mi_realloc(p: *mut std::ffi::c_void, size: usize) -> *mut std::ffi::c_void;
+}
+
+/// The alignment every block of mimalloc's has: its size classes are whole words.
+const WORD: usize = std::mem::size_of::<usize>();
+
+/// Whether a block needs no more than mimalloc's word alignment, as nearly all do (strings,
+/// vectors, most structs), and so takes its plain entry points. The aligned ones, which
+/// `MiMalloc` always calls, take a block from the size's page only if one is at hand there;
+/// when the page's free list is used up (at each refill) they go the slow way, which for a
+/// size class that is not a power of two (48, 80, 96 bytes...) pads the request first: 34 of
+/// a call's ~310 allocations, at ~240 instructions each against ~15 (callgrind).
+fn word_aligned(layout: Layout) -> bool {
+    layout.align() <= WORD
+}
+
 // SAFETY: each method forwards to the allocator that owns the block by `Owner::of` of its
 // size, which `GlobalAlloc`'s contract fixes: `dealloc` and `realloc` receive the layout the
-// block was allocated (or last reallocated) with.
+// block was allocated (or last reallocated) with. mimalloc's plain entry points return blocks
+// aligned to a word, which `word_aligned` layouts ask no more than; `mi_free` frees blocks of
+// either kind, and a block keeps its kind, since its alignment never changes.
 #[allow(unsafe_code)]
 unsafe impl GlobalAlloc for BySize {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: the caller's contract is passed on unchanged.
         unsafe {
             match Owner::of(layout.size()) {
+                Owner::Small if word_aligned(layout) => mi_malloc(layout.size()).cast(),
                 Owner::Small => MiMalloc.alloc(layout),
                 Owner::Large => System.alloc(layout),
             }
@@ -78,6 +103,7 @@ unsafe impl GlobalAlloc for BySize {
         // SAFETY: as `alloc`.
         unsafe {
             match Owner::of(layout.size()) {
+                Owner::Small if word_aligned(layout) => mi_zalloc(layout.size()).cast(),
                 Owner::Small => MiMalloc.alloc_zeroed(layout),
                 Owner::Large => System.alloc_zeroed(layout),
             }
@@ -105,6 +131,9 @@ unsafe impl GlobalAlloc for BySize {
         // failed, as `realloc`'s contract requires).
         unsafe {
             match (from, to) {
+                (Owner::Small, Owner::Small) if word_aligned(layout) => {
+                    mi_realloc(ptr.cast(), new_size).cast()
+                }
                 (Owner::Small, Owner::Small) => MiMalloc.realloc(ptr, layout, new_size),
                 (Owner::Large, Owner::Large) => System.realloc(ptr, layout, new_size),
                 _ => {
@@ -134,6 +163,29 @@ mod tests {
         (0..size)
             .map(|i| (i as u8).wrapping_mul(31) ^ seed)
             .collect()
+    }
+
+    /// Every alignment a `Layout` may ask for is kept, on both of mimalloc's paths (a word or
+    /// less, and more), for sizes around its size classes, when allocated, zeroed and resized.
+    #[test]
+    fn every_block_has_the_alignment_it_asked_for() {
+        let sizes = (1..=160).chain([255, 256, 257, 1000, 4095, 4096, 10_000, LARGE - 1]);
+        for size in sizes {
+            for align in [1, 2, 4, 8, 16, 32, 64, 128, 4096] {
+                let layout = Layout::from_size_align(size, align).unwrap();
+                // SAFETY: non-zero layouts; each block resized and freed with its current one.
+                unsafe {
+                    let block = BySize.alloc(layout);
+                    assert_eq!(block as usize % align, 0, "{layout:?}");
+                    let grown = BySize.realloc(block, layout, size + 24);
+                    assert_eq!(grown as usize % align, 0, "{layout:?} grown by 24");
+                    BySize.dealloc(grown, Layout::from_size_align(size + 24, align).unwrap());
+                    let zeroed = BySize.alloc_zeroed(layout);
+                    assert_eq!(zeroed as usize % align, 0, "{layout:?} zeroed");
+                    BySize.dealloc(zeroed, layout);
+                }
+            }
+        }
     }
 
     #[test]
