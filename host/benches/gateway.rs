@@ -107,7 +107,7 @@ fn main() {
 
 /// What this host charges for the kernel's part of a call, which differs from host to host
 /// far more than the gateway's own code does: the same build has taken three times the CPU a
-/// call on one host as on another (docs/performance.md). A system call, a round trip to a
+/// call on one host as on another (docs/performance-log.md). A system call, a round trip to a
 /// thread asleep on a read (two wake-ups: it, then the caller), and a loopback TCP round trip
 /// (the transport of the MCP hop a gateway adds to a call), each the p50 of its samples.
 struct HostCosts {
@@ -2476,7 +2476,7 @@ async fn outside(floor: Option<Floor>) {
             // direct run comes before each gateway's, so every gateway also follows a direct
             // run: with one a round, the first gateway followed it in two rounds of three, and
             // one session saw the first slot ahead of its twin in seven of eight c=32 pairs.
-            // Whether that order was the cause is not known (docs/performance.md).
+            // Whether that order was the cause is not known (docs/performance-log.md).
             let mut order: Vec<usize> = (0..rig.gateways.len()).collect();
             if round % 2 == 1 {
                 order.reverse();

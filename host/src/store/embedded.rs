@@ -97,7 +97,7 @@ const PUBLISH_AFTER: usize = 512;
 const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 /// How many of the batches a checkpoint deferred the leader applies a round once its commit
 /// has returned, beside the round's own batch. Applied all at once, they held every write for
-/// 1.8 ms p50 after each commit at c=32 (docs/performance.md); more than one a round, so the
+/// 1.8 ms p50 after each commit at c=32 (docs/performance-log.md); more than one a round, so the
 /// backlog shrinks while writes keep arriving.
 const DEFERRED_PER_ROUND: usize = 4;
 

@@ -168,7 +168,7 @@ impl From<ToolOutput> for wit::ToolOutput {
                 })
                 .collect(),
             // serde_json's own writer, not `Display`: that one feeds `fmt` a token at a time
-            // through an adapter (29 k more instructions a call, docs/performance.md).
+            // through an adapter (29 k more instructions a call, docs/performance-log.md).
             structured: output.structured.map(|value| {
                 serde_json::to_string(&value).expect("a JSON value always serializes")
             }),
