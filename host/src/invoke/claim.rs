@@ -71,7 +71,7 @@ impl Planned {
     /// Takes an existing slot for a new attempt. Only under its whole pin: a call prepared by
     /// another connector version than the slot's is the same call, but not the same request.
     fn take(self: Box<Self>, record: ClaimRecord, next: ClaimRecord) -> Result<Claimed, Answer> {
-        if record.pin != self.pin {
+        if *record.pin != self.pin {
             return self.answered(ObolError::IdempotencyConflict, Some(&record));
         }
         Ok(Claimed {
@@ -233,7 +233,7 @@ impl Planned {
                 let may_resend = may_resend && now < existing.created_at_ms + window_ms;
                 // Only the version that prepared the request resends it: after a hot upgrade
                 // another version may build another request, so the unknown stands.
-                let may_resend = may_resend && existing.pin == self.pin;
+                let may_resend = may_resend && *existing.pin == self.pin;
                 if may_resend {
                     let next = existing.reserve_next(caller.clone(), self.lease_until(services));
                     return self.take(existing, next);
@@ -260,7 +260,7 @@ impl Planned {
                     self.take(existing, next)
                 }
                 // Never held for an approval that could not be spent (see `take`).
-                Admission::NeedsApproval if existing.pin != self.pin => {
+                Admission::NeedsApproval if *existing.pin != self.pin => {
                     self.answered(ObolError::IdempotencyConflict, Some(&existing))
                 }
                 Admission::NeedsApproval => {
@@ -300,7 +300,7 @@ impl Planned {
                 match grant {
                     // Held for another connector version's request: an approval of it could
                     // never be spent by this one (see `take`), so it is not asked for again.
-                    None if existing.pin != self.pin => {
+                    None if *existing.pin != self.pin => {
                         self.answered(ObolError::IdempotencyConflict, Some(&existing))
                     }
                     None => self.held(services, &existing).await,

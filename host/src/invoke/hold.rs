@@ -25,7 +25,7 @@ pub async fn answer(
     let Some(held) = record.approval() else {
         return ObolError::Internal;
     };
-    let holder = record.holder.as_ref().unwrap_or(caller);
+    let holder = record.holder.as_deref().unwrap_or(caller);
     let stored = match services.store.ticket(&held.approval_id).await {
         Ok(stored) => stored,
         Err(error) => {

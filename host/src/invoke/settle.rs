@@ -85,7 +85,7 @@ pub async fn settle(
     if !why.applies_to(record, now_ms()) {
         return Err(ObolError::NotReady);
     }
-    let Some(holder) = record.holder.as_ref().or(fallback) else {
+    let Some(holder) = record.holder.as_deref().or(fallback) else {
         return Err(ObolError::NotReady);
     };
     let settled = record.finalize(StoredOutcome {

@@ -142,8 +142,29 @@ impl Prepared {
 
     /// `scheme://host:port` of the destination (non-secret: query strings are left out).
     pub fn origin(&self) -> String {
-        self.url.origin().ascii_serialization()
+        origin_of(&self.url)
     }
+}
+
+/// `url`'s origin as `Url::origin` serialises it: the port only when it is not the scheme's
+/// default. Built from the parsed URL's own parts for http and https, the schemes a
+/// connection has, not through `origin()`'s copies of them and its `format!`.
+fn origin_of(url: &reqwest::Url) -> String {
+    let (scheme, Some(host)) = (url.scheme(), url.host_str()) else {
+        return url.origin().ascii_serialization();
+    };
+    if scheme != "http" && scheme != "https" {
+        return url.origin().ascii_serialization();
+    }
+    let mut origin = String::with_capacity(scheme.len() + 3 + host.len() + 6);
+    origin.push_str(scheme);
+    origin.push_str("://");
+    origin.push_str(host);
+    if let Some(port) = url.port() {
+        origin.push(':');
+        origin.push_str(&port.to_string());
+    }
+    origin
 }
 
 /// Reads the credential and renders it as a sensitive header. Read per call, so rotating a
@@ -454,6 +475,39 @@ mod tests {
     use rustls::pki_types::pem::PemObject;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::sync::{mpsc, oneshot};
+
+    use proptest::strategy::Strategy as _;
+
+    proptest::proptest! {
+        #![proptest_config(crate::properties::config())]
+
+        /// A request's origin is pinned in its claim's fingerprint: it is spelled as the url
+        /// crate spells it, whatever the host's form and the port.
+        #[test]
+        fn origins_are_spelled_as_the_url_crate_spells_them(
+            scheme in proptest::sample::select(vec!["http", "https", "HTTP", "ftp", "ws"]),
+            host in proptest::prop_oneof![
+                "[a-zA-Z0-9-]{1,12}(\\.[a-z]{2,5}){0,2}",
+                proptest::prelude::any::<[u8; 4]>()
+                    .prop_map(|b| std::net::Ipv4Addr::from(b).to_string()),
+                proptest::prelude::any::<[u16; 8]>()
+                    .prop_map(|w| format!("[{}]", std::net::Ipv6Addr::from(w))),
+                proptest::prelude::Just("xn--bcher-kva.example".to_owned()),
+                proptest::prelude::Just("Bücher.example".to_owned()),
+            ],
+            port in proptest::option::of(proptest::prop_oneof![
+                proptest::prelude::Just(80u16),
+                proptest::prelude::Just(443u16),
+                proptest::prelude::any::<u16>(),
+            ]),
+        ) {
+            let port = port.map(|port| format!(":{port}")).unwrap_or_default();
+            let Ok(url) = reqwest::Url::parse(&format!("{scheme}://{host}{port}/v1/x?q=1")) else {
+                return Ok(());
+            };
+            proptest::prop_assert_eq!(origin_of(&url), url.origin().ascii_serialization());
+        }
+    }
 
     /// A vendor on loopback that answers every request on a kept-alive connection and reports
     /// the client port of the connection each request came on.

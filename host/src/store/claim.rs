@@ -298,6 +298,68 @@ impl PartialEq for ResultJson {
     }
 }
 
+/// A part of a claim record that its transitions carry unchanged (its pin, its holder), with
+/// its JSON kept from the first time it is written. A call writes its record when it claims
+/// and again when it finalizes; these two parts hold most of its strings, which serde_json
+/// escaped anew each time. Read only through `Deref`: it cannot change under its JSON.
+#[derive(Clone)]
+pub struct Rendered<T> {
+    value: T,
+    json: std::sync::OnceLock<Box<serde_json::value::RawValue>>,
+}
+
+impl<T> Rendered<T> {
+    pub fn new(value: T) -> Rendered<T> {
+        Rendered {
+            value,
+            json: std::sync::OnceLock::new(),
+        }
+    }
+}
+
+impl<T> std::ops::Deref for Rendered<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.value
+    }
+}
+
+impl<T: std::fmt::Debug> std::fmt::Debug for Rendered<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.value.fmt(f)
+    }
+}
+
+impl<T: PartialEq> PartialEq for Rendered<T> {
+    fn eq(&self, other: &Rendered<T>) -> bool {
+        self.value == other.value
+    }
+}
+
+impl<T: Eq> Eq for Rendered<T> {}
+
+impl<T: Serialize> Serialize for Rendered<T> {
+    /// The same bytes as the value's own serialisation: serde_json's compact writer renders a
+    /// nested value alike whether it writes it alone or inside the record.
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let json = match self.json.get() {
+            Some(json) => json,
+            None => {
+                let json = serde_json::value::to_raw_value(&self.value)
+                    .map_err(serde::ser::Error::custom)?;
+                self.json.get_or_init(|| json)
+            }
+        };
+        json.serialize(serializer)
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Rendered<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        T::deserialize(deserializer).map(Rendered::new)
+    }
+}
+
 /// Where a claim is in its life.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
@@ -335,7 +397,7 @@ pub struct ClaimRecord {
     /// lease belongs to a holder that died.
     pub lease_until_ms: u64,
     pub state: ClaimState,
-    pub pin: Pin,
+    pub pin: Rendered<Pin>,
     /// Attempts reserved and not released; equals the requests that may have reached the
     /// vendor (ADR-0031).
     pub attempts: u32,
@@ -345,7 +407,7 @@ pub struct ClaimRecord {
     pub created_at_ms: u64,
     /// The facts of the call holding the slot. `None` on records written before 0.2.
     #[serde(default)]
-    pub holder: Option<Holder>,
+    pub holder: Option<Rendered<Holder>>,
     /// The approval this slot was held for, if it ever was.
     #[serde(default)]
     pub held_for: Option<HeldFor>,
@@ -508,14 +570,14 @@ impl ClaimRecord {
         };
         ClaimRecord {
             version: 1,
-            pin,
+            pin: Rendered::new(pin),
             state,
             attempts,
             lease_until_ms,
             receipt_id,
             key_supplied: key_source == KeySource::Supplied,
             created_at_ms: now_ms,
-            holder: Some(holder),
+            holder: Some(Rendered::new(holder)),
             held_for,
         }
     }
@@ -538,7 +600,7 @@ impl ClaimRecord {
         let mut next = self.next(ClaimState::Reserved { prior });
         next.attempts += 1;
         next.lease_until_ms = lease_until_ms;
-        next.holder = Some(holder);
+        next.holder = Some(Rendered::new(holder));
         next
     }
 
@@ -586,7 +648,7 @@ impl ClaimRecord {
             expires_at_ms: held.expires_at_ms,
         });
         next.lease_until_ms = held.expires_at_ms;
-        next.holder = Some(holder);
+        next.holder = Some(Rendered::new(holder));
         next.held_for = Some(held);
         next
     }
@@ -644,6 +706,55 @@ pub enum Claim {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The claim's pin and holder keep their JSON once written, and a transition carries it:
+    /// the finalized record must read as the one written from scratch does, escapes and all.
+    #[test]
+    fn a_record_written_again_from_its_kept_parts_is_the_same_text() {
+        let holder = Holder {
+            workspace: "acme".into(),
+            connection: "stripe-main".into(),
+            tool: "stripe.create_refund".into(),
+            idempotency_key: "idt_\"quoted\" \\ é \u{1}".into(),
+            key_hash: "sha256:00".into(),
+            key_name: "agent\nname".into(),
+            publication: Some(7),
+            policies: vec!["allow \"refunds\"".into(), "ops".into()],
+            approval: ApprovalBasis::Waived,
+            evidence: EvidenceClass::GatewayObserved,
+            route: Default::default(),
+            capability: None,
+            trace_id: Some("0af7651916cd43dd8448eb211c80319c".into()),
+        };
+        let pin = Pin::new(
+            RequestHash::of_arguments(&serde_json::json!({"charge": "ch_\"1"})),
+            PinnedBinding::Header("idempotency-key".into()),
+            "stripe-main stripe GET http://127.0.0.1:9 \"charges\"".into(),
+        )
+        .prepared_by("0.1.0");
+        let claimed = ClaimRecord::open(
+            pin,
+            holder,
+            Opening::Reserved { lease_until_ms: 5 },
+            "rcp_1".into(),
+            KeySource::Supplied,
+            1,
+        );
+        let first = serde_json::to_string(&claimed).unwrap();
+        let outcome = StoredOutcome {
+            class: OutcomeClass::Accepted,
+            vendor_status: Some(200),
+            response: Ok(ResultJson::of(&serde_json::json!({"content": []}))),
+        };
+        // The kept path: the finalized record is a clone of the one just written.
+        let kept = serde_json::to_string(&claimed.finalize(outcome.clone())).unwrap();
+        // Written from scratch: the same record read back, nothing kept.
+        let read: ClaimRecord = serde_json::from_str(&first).unwrap();
+        assert_eq!(read, claimed);
+        let fresh = serde_json::to_string(&read.finalize(outcome)).unwrap();
+        assert_eq!(kept, fresh);
+        assert!(kept.contains(r#""key_name":"agent\nname""#), "{kept}");
+    }
 
     /// Records written by 0.1 (no holder, the attempt named in the state) still read.
     #[test]

@@ -323,7 +323,10 @@ async fn claims_are_created_once(store: &Store) {
     let (k, r) = (key(1), record());
     assert_eq!(store.claim(&k, &r).await.unwrap(), Claim::Acquired);
     let mut other = r.clone();
-    other.pin.request_hash = "different".into();
+    other.pin = super::Rendered::new(super::Pin {
+        request_hash: "different".into(),
+        ..(*r.pin).clone()
+    });
     assert_eq!(
         store.claim(&k, &other).await.unwrap(),
         Claim::Existing(Box::new(r.clone()))

@@ -547,7 +547,7 @@ struct RenderedReceipt {
 impl RenderedReceipt {
     fn of(receipt: &Receipt) -> Result<RenderedReceipt, StoreError> {
         Ok(RenderedReceipt {
-            id_key: format!("{}\0{}", receipt.workspace, receipt.id),
+            id_key: [receipt.workspace.as_str(), receipt.id.as_str()].join("\0"),
             finalized_at_ms: receipt.finalized_at_ms,
             receipt: serde_json::value::to_raw_value(receipt).map_err(failed)?,
             audit: serde_json::to_vec(&super::AuditEvent::of(receipt)).map_err(failed)?,
@@ -1020,9 +1020,20 @@ fn backfill_leases(txn: &redb::WriteTransaction) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// `{since_ms:020}\0{kind}\0{key}`, built in place: a call writes two, and `format!`'s
+/// padded integer was most of their cost.
 fn expiry_key(since_ms: u64, kind: char, key: &str) -> String {
-    format!("{since_ms:020}\0{kind}\0{key}")
+    let mut expiry = String::with_capacity(PADDED + 4 + key.len());
+    super::push_decimal(&mut expiry, since_ms, PADDED);
+    expiry.push('\0');
+    expiry.push(kind);
+    expiry.push('\0');
+    expiry.push_str(key);
+    expiry
 }
+
+/// The digits of a time in a key, zero-padded so keys sort by it: every `u64` fits in twenty.
+const PADDED: usize = 20;
 
 /// The tables compaction removes from.
 struct Removal<'a, 't> {
@@ -1190,7 +1201,13 @@ fn json_in<T: serde::de::DeserializeOwned>(
 /// its key in the receipts table.
 fn receipt_order(id_key: &str, finalized_at_ms: u64) -> String {
     let (workspace, id) = id_key.split_once('\0').unwrap_or((id_key, ""));
-    format!("{workspace}\0{finalized_at_ms:020}\0{id}")
+    let mut order = String::with_capacity(id_key.len() + PADDED + 2);
+    order.push_str(workspace);
+    order.push('\0');
+    super::push_decimal(&mut order, finalized_at_ms, PADDED);
+    order.push('\0');
+    order.push_str(id);
+    order
 }
 
 /// Stores a receipt, lists it (newest first) and appends its audit record.
@@ -2315,6 +2332,30 @@ mod tests {
     use super::*;
     use crate::idempotency::IdempotencyKey;
     use crate::store::ConnectionSegment;
+
+    proptest::proptest! {
+        #![proptest_config(crate::properties::config())]
+
+        /// Expiry and listing keys are spelled as the `format!` that first wrote them: files
+        /// already hold them, and a removal must find the key an insert made.
+        #[test]
+        fn expiry_and_listing_keys_are_spelled_as_before(
+            since in proptest::prelude::any::<u64>(),
+            kind in proptest::sample::select(vec!['c', 'r', 't']),
+            workspace in "[a-z0-9._-]{1,12}",
+            id in "[a-zA-Z0-9_\\x00-]{0,30}",
+        ) {
+            proptest::prop_assert_eq!(
+                expiry_key(since, kind, &id),
+                format!("{since:020}\0{kind}\0{id}")
+            );
+            let id_key = format!("{workspace}\0{id}");
+            proptest::prop_assert_eq!(
+                receipt_order(&id_key, since),
+                format!("{workspace}\0{since:020}\0{id}")
+            );
+        }
+    }
 
     fn key(tag: &str) -> ClaimKey {
         ClaimKey {

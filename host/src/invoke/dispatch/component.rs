@@ -78,12 +78,12 @@ pub async fn prepare(
             tracing::warn!(tool = %route.name, "refused a request outside the connection's origin");
         }
     })?;
-    let facts = format!(
-        "{} {} {}",
-        prepared.method(),
-        prepared.origin(),
-        route.name.upstream()
-    );
+    let facts = [
+        prepared.method().as_str(),
+        &prepared.origin(),
+        route.name.upstream(),
+    ]
+    .join(" ");
     Ok((prepared, facts, warm))
 }
 

@@ -155,7 +155,7 @@ async fn plan(
         ServedBy::Component { connector, .. } => {
             let (request, facts, warm) =
                 component::prepare(services, route, &arguments, idempotency_key).await?;
-            let destination = format!("{} {facts}", connector.manifest.name);
+            let destination = [connector.manifest.name.as_str(), &facts].join(" ");
             let version = Some(connector.manifest.version.as_str());
             (Request::Component(request), destination, version, warm)
         }
@@ -189,7 +189,10 @@ async fn plan(
         ),
         // The connection is part of the destination: an approval or a claim for one vendor
         // account can never be spent on another, even with the same origin.
-        None => (arguments, format!("{} {destination}", route.connection.id)),
+        None => (
+            arguments,
+            [route.connection.id.as_str(), &destination].join(" "),
+        ),
     };
     let pin = Pin::new(
         RequestHash::of_arguments(&hashed),
