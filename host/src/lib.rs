@@ -33,6 +33,7 @@ pub mod capability;
 pub mod catalog;
 pub mod clock;
 pub mod config;
+mod digest;
 pub mod error;
 #[cfg(feature = "test-util")]
 pub mod failpoint;

@@ -86,7 +86,7 @@ impl RequestHash {
 
 impl fmt::Display for RequestHash {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "sha256:{}", hex::encode(self.0))
+        crate::digest::write_sha256(&self.0, f)
     }
 }
 

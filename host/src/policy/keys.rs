@@ -104,7 +104,7 @@ impl KeyHash {
 
 impl fmt::Display for KeyHash {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "sha256:{}", hex::encode(self.0))
+        crate::digest::write_sha256(&self.0, f)
     }
 }
 
