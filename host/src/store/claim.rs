@@ -339,8 +339,10 @@ impl<T: PartialEq> PartialEq for Rendered<T> {
 impl<T: Eq> Eq for Rendered<T> {}
 
 impl<T: Serialize> Serialize for Rendered<T> {
-    /// The same bytes as the value's own serialisation: serde_json's compact writer renders a
-    /// nested value alike whether it writes it alone or inside the record.
+    /// The same bytes as the value's own serialisation in serde_json's compact form, which
+    /// renders a nested value alike whether it writes it alone or inside the record: every
+    /// store writes records so. A pretty printer would get these parts compact, and a format
+    /// other than JSON is not supported (`to_value` reads the kept text back).
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let json = match self.json.get() {
             Some(json) => json,
@@ -753,6 +755,13 @@ mod tests {
         assert_eq!(read, claimed);
         let fresh = serde_json::to_string(&read.finalize(outcome)).unwrap();
         assert_eq!(kept, fresh);
+        // And as a tree of plain values writes it (no kept text on that path; the map keeps
+        // the fields' order): what the derived serialisation wrote before the parts were kept.
+        let plain = |text: &str| {
+            serde_json::to_string(&serde_json::from_str::<Value>(text).unwrap()).unwrap()
+        };
+        assert_eq!(first, plain(&first));
+        assert_eq!(kept, plain(&kept));
         assert!(kept.contains(r#""key_name":"agent\nname""#), "{kept}");
     }
 

@@ -1023,7 +1023,7 @@ fn backfill_leases(txn: &redb::WriteTransaction) -> Result<(), StoreError> {
 /// `{since_ms:020}\0{kind}\0{key}`, built in place: a call writes two, and `format!`'s
 /// padded integer was most of their cost.
 fn expiry_key(since_ms: u64, kind: char, key: &str) -> String {
-    let mut expiry = String::with_capacity(PADDED + 4 + key.len());
+    let mut expiry = String::with_capacity(PADDED + 2 + kind.len_utf8() + key.len());
     super::push_decimal(&mut expiry, since_ms, PADDED);
     expiry.push('\0');
     expiry.push(kind);
