@@ -78,6 +78,30 @@ pub mod wit {
         BodyRule, BrokerKind, Content, EffectSpec, Header, Image, Method, OutcomeClass,
         Propagation, RouteKind, StatusRange, Tool,
     };
+
+    impl<T: Send + 'static> ConnectorPre<T> {
+        /// `instantiate_async` without its second type check. `ConnectorPre::new` checked
+        /// each export's type against the component's when the component was loaded, and an
+        /// instance has its component's types; bindgen's `load` checks them again on every
+        /// instance (about 5 k instructions a call) and can find nothing new.
+        pub async fn instantiate_checked_at_load(
+            &self,
+            mut store: impl wasmtime::AsContextMut<Data = T>,
+        ) -> wasmtime::Result<Connector> {
+            let mut store = store.as_context_mut();
+            let instance = self.instance_pre.instantiate_async(&mut store).await?;
+            let mut export = |index: &wasmtime::component::ComponentExportIndex| {
+                instance
+                    .get_func(&mut store, index)
+                    .ok_or_else(|| wasmtime::format_err!("an export checked at load is missing"))
+            };
+            Ok(Connector {
+                manifest: export(&self.indices.manifest)?,
+                prepare: export(&self.indices.prepare)?,
+                interpret: export(&self.indices.interpret)?,
+            })
+        }
+    }
 }
 
 /// The contract a component was built against.
@@ -686,7 +710,7 @@ impl Runtime {
         self.instances.fetch_add(1, Ordering::Relaxed);
         let instance = match &guest.pre {
             Pre::Current(pre) => pre
-                .instantiate_async(&mut store)
+                .instantiate_checked_at_load(&mut store)
                 .await
                 .map(Instance::Current),
             Pre::V0_1(pre) => pre.instantiate_async(&mut store).await.map(Instance::V0_1),
