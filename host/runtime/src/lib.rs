@@ -80,10 +80,12 @@ pub mod wit {
     };
 
     impl<T: Send + 'static> ConnectorPre<T> {
-        /// `instantiate_async` without its second type check. `ConnectorPre::new` checked
-        /// each export's type against the component's when the component was loaded, and an
-        /// instance has its component's types; bindgen's `load` checks them again on every
-        /// instance (about 5 k instructions a call) and can find nothing new.
+        /// `instantiate_async` without its second type check. `ConnectorPre::new` ran, at
+        /// load, the same check of the same function types that bindgen's `load` runs again
+        /// on every instance (about 5 k instructions an instance); the only part of the types
+        /// an instance adds is its own resources, and this contract has none. That check is
+        /// also what tells a 0.2.0 component from a 0.1.0 one in `Runtime::load`, so the
+        /// 0.1.0 component's test fails if it ever stops running.
         pub async fn instantiate_checked_at_load(
             &self,
             mut store: impl wasmtime::AsContextMut<Data = T>,
@@ -91,9 +93,9 @@ pub mod wit {
             let mut store = store.as_context_mut();
             let instance = self.instance_pre.instantiate_async(&mut store).await?;
             let mut export = |index: &wasmtime::component::ComponentExportIndex| {
-                instance
-                    .get_func(&mut store, index)
-                    .ok_or_else(|| wasmtime::format_err!("an export checked at load is missing"))
+                instance.get_func(&mut store, index).ok_or_else(|| {
+                    wasmtime::format_err!("host: an export index from load is not on its instance")
+                })
             };
             Ok(Connector {
                 manifest: export(&self.indices.manifest)?,
@@ -713,6 +715,7 @@ impl Runtime {
                 .instantiate_checked_at_load(&mut store)
                 .await
                 .map(Instance::Current),
+            // Off the measured path: 0.1.0 components keep bindgen's per-instance check.
             Pre::V0_1(pre) => pre.instantiate_async(&mut store).await.map(Instance::V0_1),
         };
         match instance {
