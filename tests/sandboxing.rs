@@ -116,6 +116,35 @@ async fn hostile_components_are_stopped_and_the_gateway_keeps_serving() {
     client.close().await;
 }
 
+/// A call that allocates far more than a component's arena (256 KiB, `obol-sdk`'s allocator)
+/// goes on in the component's system allocator: 6,000 charges, 0.5 MB from the vendor,
+/// several MB as parsed values, come back whole.
+#[tokio::test]
+async fn a_call_past_the_components_arena_is_served_whole() {
+    const CHARGES: usize = 6_000;
+    let vendor = MockVendor::start().await;
+    let charges: Vec<_> = (0..CHARGES)
+        .map(|n| json!({"id": format!("ch_{n}"), "object": "charge", "amount": n, "currency": "usd", "status": "succeeded"}))
+        .collect();
+    let body = json!({"object": "list", "has_more": false, "data": charges});
+    assert!(body.to_string().len() > 500_000, "about twice the arena");
+    vendor.on("/v1/charges", Reply::json(200, body));
+    let gateway = GatewayProcess::start(&GatewayConfig::new(&vendor.base_url()));
+    let client = McpClient::connect(&gateway.url, TOKEN).await;
+    let result = client
+        .call("stripe.charges.list", json!({"limit": 100}))
+        .await
+        .unwrap();
+    assert_eq!(result.is_error, Some(false), "{result:?}");
+    let listed = &result.structured_content.as_ref().unwrap()["data"];
+    assert_eq!(listed.as_array().map(Vec::len), Some(CHARGES));
+    assert_eq!(
+        listed[CHARGES - 1]["id"],
+        json!(format!("ch_{}", CHARGES - 1))
+    );
+    still_serving(&client).await;
+}
+
 /// A host that limits address space (64 GiB here, below the ~4 GiB each of the pool's 128
 /// memories reserves for guard pages) still serves guests, bounds-checked, and a guest that
 /// reaches past its memory's cap still traps.
