@@ -126,7 +126,7 @@ async fn a_call_past_the_components_arena_is_served_whole() {
     let charges: Vec<_> = (0..CHARGES)
         .map(|n| json!({"id": format!("ch_{n}"), "object": "charge", "amount": n, "currency": "usd", "status": "succeeded"}))
         .collect();
-    let body = json!({"object": "list", "has_more": false, "data": charges});
+    let body = json!({"object": "list", "has_more": false, "data": charges.clone()});
     assert!(body.to_string().len() > 500_000, "about twice the arena");
     vendor.on("/v1/charges", Reply::json(200, body));
     let gateway = GatewayProcess::start(&GatewayConfig::new(&vendor.base_url()));
@@ -138,9 +138,9 @@ async fn a_call_past_the_components_arena_is_served_whole() {
     assert_eq!(result.is_error, Some(false), "{result:?}");
     let listed = &result.structured_content.as_ref().unwrap()["data"];
     assert_eq!(listed.as_array().map(Vec::len), Some(CHARGES));
-    assert_eq!(
-        listed[CHARGES - 1]["id"],
-        json!(format!("ch_{}", CHARGES - 1))
+    assert!(
+        listed == &json!(charges),
+        "every charge, as the vendor sent it"
     );
     still_serving(&client).await;
 }

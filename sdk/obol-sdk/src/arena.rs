@@ -4,15 +4,16 @@
 //! The host runs every call in a fresh instance and resets its memory afterwards, so the
 //! bookkeeping a general allocator does to reuse freed memory is work thrown away with the
 //! instance: dlmalloc and Rust's shims over it were 27.4 k of the 80.2 k instructions the
-//! payments connector's own code took a call (callgrind, ADR-0077). Here an allocation moves a cursor, and a free
-//! gives the space back only when it is the newest block, which is how a growing buffer (a
-//! `String` or `Vec` being written) and a short-lived temporary behave; a block in the middle
-//! stays spent until the instance goes.
+//! payments connector's own code took a call (callgrind, ADR-0077). Here an allocation moves
+//! a cursor, and a free gives the space back only when it is the newest block, which is how a
+//! growing buffer (a `String` or `Vec` being written) and a short-lived temporary behave; a
+//! block in the middle stays spent until the instance goes.
 //!
 //! The arena is a fixed static, so it is part of the memory the component starts with: no
 //! `memory.grow` (an `mprotect` of the host's pooled memory) to set it up. It bounds what a
-//! busy instance can waste: a block larger than an eighth of the arena, and every allocation
-//! once the arena is full, goes to the system allocator, which frees and reuses as before.
+//! busy instance can waste: a block larger than an eighth of the arena (or growing past it),
+//! and every allocation once the arena is full, go to the system allocator, which frees and
+//! reuses as before.
 //!
 //! On by default (the `arena` feature) for `wasm32` builds; a connector with a global
 //! allocator of its own turns it off with `default-features = false`. Components have a
@@ -39,8 +40,9 @@ struct Space<const N: usize>([u8; N]);
 unsafe impl<const N: usize> Sync for Arena<N> {}
 
 impl<const N: usize> Arena<N> {
-    /// Blocks above this go straight to the system allocator: one large buffer would
-    /// otherwise fill the arena and leave the call's many small blocks to dlmalloc.
+    /// Blocks above this (in size or alignment) go to the system allocator, and a block that
+    /// grows past it moves there: one large buffer would otherwise fill the arena and leave
+    /// the call's many small blocks to dlmalloc.
     const LARGE: usize = N / 8;
 
     /// An empty arena (all zero bytes: a static one costs the component no data).
@@ -51,26 +53,28 @@ impl<const N: usize> Arena<N> {
         }
     }
 
-    fn base(&self) -> usize {
-        self.space.get() as usize
+    fn start(&self) -> *mut u8 {
+        self.space.get().cast::<u8>()
     }
 
     /// The arena's offset of `ptr`, if the arena holds it.
     fn offset_of(&self, ptr: *mut u8) -> Option<usize> {
-        (ptr as usize).checked_sub(self.base()).filter(|&at| at < N)
+        ptr.addr()
+            .checked_sub(self.start().addr())
+            .filter(|&at| at < N)
     }
 
     /// A block of `layout` from the arena, if it fits.
     fn bump(&self, layout: Layout) -> Option<*mut u8> {
-        if layout.size() > Self::LARGE {
+        if layout.size() > Self::LARGE || layout.align() > Self::LARGE {
             return None;
         }
-        let base = self.base();
+        let base = self.start().addr();
         // Aligned as an address, not as an offset: the space itself is aligned to 16 only.
-        let start = (base + self.cursor.get()).checked_next_multiple_of(layout.align())? - base;
-        let end = start.checked_add(layout.size()).filter(|&end| end <= N)?;
+        let at = (base + self.cursor.get()).checked_next_multiple_of(layout.align())? - base;
+        let end = at.checked_add(layout.size()).filter(|&end| end <= N)?;
         self.cursor.set(end);
-        Some((base + start) as *mut u8)
+        Some(self.start().wrapping_add(at))
     }
 }
 
@@ -121,7 +125,7 @@ unsafe impl<const N: usize> GlobalAlloc for Arena<N> {
             return unsafe { System.realloc(ptr, layout, new_size) };
         };
         let newest = at + layout.size() == self.cursor.get();
-        if newest && at + new_size <= N {
+        if newest && new_size <= Self::LARGE && at + new_size <= N {
             // Grown or shrunk where it is: the common case of a buffer being written.
             self.cursor.set(at + new_size);
             return ptr;
@@ -202,62 +206,93 @@ mod tests {
         /// overlaps no other; a reallocated block keeps its first bytes.
         #[test]
         fn blocks_keep_their_bytes_and_never_overlap(ops in prop::collection::vec(op(), 1..200)) {
-            let arena = Box::new(Small::new());
-            let mut live: Vec<Block> = Vec::new();
-            for (n, op) in ops.into_iter().enumerate() {
-                let byte = (n % 251) as u8 + 1;
-                match op {
-                    Op::Alloc { size, align, zeroed } => {
-                        let layout = Layout::from_size_align(size, align).unwrap();
-                        // SAFETY: a nonzero size.
-                        let ptr = unsafe {
-                            if zeroed { arena.alloc_zeroed(layout) } else { arena.alloc(layout) }
-                        };
-                        prop_assert!(!ptr.is_null());
-                        let mut block = Block { ptr, layout, fill: 0 };
-                        if zeroed {
-                            prop_assert!(bytes(&block).iter().all(|&b| b == 0));
-                        }
-                        fill(&mut block, byte);
-                        live.push(block);
-                    }
-                    Op::Free(at) if !live.is_empty() => {
-                        let block = live.swap_remove(at % live.len());
-                        // SAFETY: a live block with its own layout.
-                        unsafe { arena.dealloc(block.ptr, block.layout) };
-                    }
-                    Op::Realloc(at, size) if !live.is_empty() => {
-                        let at = at % live.len();
-                        let old = &live[at];
-                        let kept = old.layout.size().min(size);
-                        let was = old.fill;
-                        // SAFETY: a live block with its own layout, and a nonzero size.
-                        let ptr = unsafe { arena.realloc(old.ptr, old.layout, size) };
-                        prop_assert!(!ptr.is_null());
-                        let layout = Layout::from_size_align(size, old.layout.align()).unwrap();
-                        let mut block = Block { ptr, layout, fill: was };
-                        prop_assert!(bytes(&block)[..kept].iter().all(|&b| b == was));
-                        fill(&mut block, byte);
-                        live[at] = block;
-                    }
-                    Op::Free(_) | Op::Realloc(..) => {}
-                }
-                for block in &live {
-                    prop_assert_eq!(block.ptr as usize % block.layout.align(), 0);
-                    prop_assert!(bytes(block).iter().all(|&b| b == block.fill));
-                }
-                let mut spans: Vec<(usize, usize)> = live
-                    .iter()
-                    .map(|b| (b.ptr as usize, b.ptr as usize + b.layout.size()))
-                    .collect();
-                spans.sort_unstable();
-                prop_assert!(spans.windows(2).all(|pair| pair[0].1 <= pair[1].0));
-            }
-            for block in live {
-                // SAFETY: as in `Op::Free`.
-                unsafe { arena.dealloc(block.ptr, block.layout) };
+            // Two arenas side by side: their starts differ by 16 modulo 64, so at least one is
+            // not aligned to 64 and a block aligned by offset instead of address shows.
+            let arenas = Box::new([Small::new(), Small::new()]);
+            for arena in arenas.iter() {
+                run(arena, &ops)?;
             }
         }
+    }
+
+    /// Runs `ops` on `arena`, checking every live block after each.
+    fn run(arena: &Small, ops: &[Op]) -> Result<(), TestCaseError> {
+        let mut live: Vec<Block> = Vec::new();
+        for (n, op) in ops.iter().cloned().enumerate() {
+            let byte = (n % 251) as u8 + 1;
+            match op {
+                Op::Alloc {
+                    size,
+                    align,
+                    zeroed,
+                } => {
+                    let layout = Layout::from_size_align(size, align).unwrap();
+                    // SAFETY: a nonzero size.
+                    let ptr = unsafe {
+                        if zeroed {
+                            arena.alloc_zeroed(layout)
+                        } else {
+                            arena.alloc(layout)
+                        }
+                    };
+                    prop_assert!(!ptr.is_null());
+                    let mut block = Block {
+                        ptr,
+                        layout,
+                        fill: 0,
+                    };
+                    if zeroed {
+                        prop_assert!(bytes(&block).iter().all(|&b| b == 0));
+                    }
+                    fill(&mut block, byte);
+                    live.push(block);
+                }
+                Op::Free(at) if !live.is_empty() => {
+                    let block = live.swap_remove(at % live.len());
+                    // SAFETY: a live block with its own layout.
+                    unsafe { arena.dealloc(block.ptr, block.layout) };
+                }
+                Op::Realloc(at, size) if !live.is_empty() => {
+                    let at = at % live.len();
+                    let old = &live[at];
+                    let kept = old.layout.size().min(size);
+                    let was = old.fill;
+                    // SAFETY: a live block with its own layout, and a nonzero size.
+                    let ptr = unsafe { arena.realloc(old.ptr, old.layout, size) };
+                    prop_assert!(!ptr.is_null());
+                    let layout = Layout::from_size_align(size, old.layout.align()).unwrap();
+                    let mut block = Block {
+                        ptr,
+                        layout,
+                        fill: was,
+                    };
+                    prop_assert!(bytes(&block)[..kept].iter().all(|&b| b == was));
+                    fill(&mut block, byte);
+                    live[at] = block;
+                }
+                Op::Free(_) | Op::Realloc(..) => {}
+            }
+            for block in &live {
+                prop_assert_eq!(block.ptr.addr() % block.layout.align(), 0);
+                prop_assert!(bytes(block).iter().all(|&b| b == block.fill));
+                // An arena block lies inside the arena and is small enough for it.
+                if let Some(at) = arena.offset_of(block.ptr) {
+                    prop_assert!(at + block.layout.size() <= 4096);
+                    prop_assert!(block.layout.size() <= Small::LARGE);
+                }
+            }
+            let mut spans: Vec<(usize, usize)> = live
+                .iter()
+                .map(|b| (b.ptr.addr(), b.ptr.addr() + b.layout.size()))
+                .collect();
+            spans.sort_unstable();
+            prop_assert!(spans.windows(2).all(|pair| pair[0].1 <= pair[1].0));
+        }
+        for block in live {
+            // SAFETY: as in `Op::Free`.
+            unsafe { arena.dealloc(block.ptr, block.layout) };
+        }
+        Ok(())
     }
 
     #[test]
