@@ -384,11 +384,22 @@ impl Redis {
     }
 
     fn start_with(extra: &[&str]) -> Redis {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let cluster_node = extra.contains(&"--cluster-enabled");
+        let port = loop {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            // A cluster node's bus listens 10,000 ports higher: the node's port must be at most
+            // 55,535 (redis-server exits otherwise) and the bus port free.
+            if !cluster_node
+                || (port <= 55_535
+                    && std::net::TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok())
+            {
+                break port;
+            }
+        };
         let dir = tempfile::tempdir().unwrap();
         let child = std::process::Command::new("redis-server")
             .args([
@@ -2216,6 +2227,17 @@ impl Rig {
                     .map(|path| (" (baseline)", std::path::PathBuf::from(path))),
             )
             .collect();
+        // `OBOL_BENCH_BASELINE_COMPONENT=/path/to/payments.wasm` has the baseline's gateways
+        // serve that build of the `stripe` connector instead of the bundled one: a connector
+        // change measured end to end (with `OBOL_BENCH_BASELINE` naming this very binary).
+        let baseline_component = std::env::var_os("OBOL_BENCH_BASELINE_COMPONENT");
+        let components: Vec<String> = binaries
+            .iter()
+            .map(|(suffix, _)| match (*suffix, &baseline_component) {
+                ("", _) | (_, None) => "\"bundled:stripe\"".to_owned(),
+                (_, Some(path)) => format!("{:?}", std::path::Path::new(path)),
+            })
+            .collect();
         let redis: Vec<Redis> = binaries.iter().map(|_| Redis::start()).collect();
         // `OBOL_BENCH_CACHE_MIB=N` sets the embedded gateways' `[store] cache_mib` (the
         // gateway's default otherwise).
@@ -2239,6 +2261,7 @@ impl Rig {
                 ),
             ] {
                 let name = format!("{store_name}{suffix}");
+                let component = &components[index];
                 let config = dir.path().join(format!("{store_name}-{index}.toml"));
                 std::fs::write(
                     &config,
@@ -2247,7 +2270,7 @@ impl Rig {
 [runtime]
 max_concurrent_calls = 64
 [connectors]
-components = ["bundled:stripe"]
+components = [{component}]
 [[workspaces]]
 id = "bench"
 [[workspaces.connections]]

@@ -29,6 +29,18 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// A free port for a cluster node. Redis listens for its cluster bus 10,000 ports higher, so a
+/// node's port must be at most 55,535 (above it redis-server exits at start, and the OS hands
+/// out ports up to 60,999: about one node in five) and the bus port must be free too.
+fn free_cluster_port() -> u16 {
+    loop {
+        let port = free_port();
+        if port <= 55_535 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+}
+
 impl RedisServer {
     pub fn start() -> RedisServer {
         RedisServer::with_role(Role::Standalone)
@@ -49,8 +61,12 @@ impl RedisServer {
             _ => tempfile::tempdir(),
         }
         .unwrap();
+        let port = match role {
+            Role::ClusterNode => free_cluster_port(),
+            _ => free_port(),
+        };
         let mut server = RedisServer {
-            port: free_port(),
+            port,
             dir,
             child: None,
             role,
