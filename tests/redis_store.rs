@@ -1045,6 +1045,50 @@ async fn a_workspaces_listing_and_stream_are_re_expired_only_outside_their_windo
     }
 }
 
+/// On one server a finished call drops its claim's lease index entry whatever lease the entry
+/// holds: the finalize's compare-and-set has just passed in the same script, so no later
+/// reservation can own it. (An entry raised past the record's lease, as a writer with a
+/// later clock leaves it, used to stay for the sweeper.)
+#[tokio::test]
+async fn a_finished_call_drops_its_lease_entry_whatever_its_lease() {
+    use obol::store::contract::{key, receipt, record};
+    use obol::store::{OutcomeClass, ResultJson, StoredOutcome};
+    let (_redis, store, mut connection) = a_server_with_its_store().await;
+    let k = key(77);
+    let claimed = record();
+    assert_eq!(
+        store.claim(&k, &claimed).await.unwrap(),
+        obol::store::Claim::Acquired
+    );
+    let lease = |connection: &mut redis::Connection| -> Option<f64> {
+        redis::cmd("ZSCORE")
+            .arg("obol:leases")
+            .arg(k.slot())
+            .query(connection)
+            .unwrap()
+    };
+    let written = lease(&mut connection).expect("a reservation's entry");
+    let _: () = redis::cmd("ZADD")
+        .arg("obol:leases")
+        .arg("GT")
+        .arg(written + 60_000.0)
+        .arg(k.slot())
+        .query(&mut connection)
+        .unwrap();
+    let done = claimed.finalize(StoredOutcome {
+        class: OutcomeClass::Accepted,
+        vendor_status: Some(200),
+        response: Ok(ResultJson::of(&json!({"content": [], "isError": false}))),
+    });
+    assert!(
+        store
+            .finalize(&k, &claimed, &done, &receipt(&claimed, &k))
+            .await
+            .unwrap()
+    );
+    assert_eq!(lease(&mut connection), None, "the finished call's entry");
+}
+
 /// On a cluster a script reaches only its claim's slot: a call's audit record stays in its
 /// claim's own stream; a refusal's (no claim) goes to its workspace's stream, as on one
 /// server.

@@ -51,9 +51,9 @@ const DROP_LEASE_BODY: &str = "drop_lease(KEYS[1], ARGV[1], ARGV[2])\nreturn 0\n
 /// its newest entry, and at most a tenth of one more. Its expiry is renewed only once it has
 /// left that window (below: a new entry; above: the retention was lowered), not on every
 /// write: each renewal is a command in the append-only file, and a busy workspace's keys
-/// would otherwise be re-expired on every call (two more commands a finalize).
-/// Its entries are trimmed by age on each write whatever the key's expiry. (A claim's own
-/// keys keep the exact retention: the retention is one policy with the embedded store's.)
+/// would otherwise be re-expired on every call (two more commands a finalize). Its entries
+/// are trimmed by age on each write whatever the key's expiry. (A claim's own keys keep the
+/// exact retention: the retention is one policy with the embedded store's.)
 const KEEP_FOR_FN: &str = r"
 local function keep_for(key, retention_s)
   local retention = tonumber(retention_s)
@@ -65,7 +65,21 @@ local function keep_for(key, retention_s)
 end
 ";
 
-const KEEP_FOR_BODY: &str = "keep_for(KEYS[1], ARGV[1])\nreturn 0\n";
+/// Lists a receipt in its workspace's listing (a sorted set by finalize time), trims the
+/// entries past the retention (finalized before `horizon`) and keeps the listing
+/// ([`KEEP_FOR_FN`]). The trim runs on every write, so each removes about one entry: trimmed
+/// only now and then, a busy workspace's listing would lose hours of entries in one command,
+/// and Redis serves nothing else meanwhile.
+const LIST_RECEIPT_FN: &str = r"
+local function list_receipt(listing, id, at, horizon, retention_s)
+  redis.call('ZADD', listing, at, id)
+  redis.call('ZREMRANGEBYSCORE', listing, 0, horizon)
+  keep_for(listing, retention_s)
+end
+";
+
+const LIST_RECEIPT_BODY: &str =
+    "list_receipt(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4])\nreturn 0\n";
 
 /// Appends an audit record to a stream and trims the stream to the retention: entries whose
 /// id (the server's time when each was added) is older than `now` - the retention, in whole
@@ -136,7 +150,8 @@ return {redis.call('HGET', KEYS[1], 'r') or false, redis.call('HGET', KEYS[1], '
 /// (`KEYS[4]`, the lease index, and with a receipt `KEYS[5]`, the workspace's listing, and
 /// `KEYS[6]`, the receipt's pointer) the script also writes the lease index entry of a new
 /// reservation or drops the one this transition leaves, and lists the receipt before writing
-/// it.
+/// it. The drop needs no compare there: the compare-and-set passed in this very script, so no
+/// later reservation of the slot can have written its entry.
 const TRANSITION_BODY: &str = r"
 local v = redis.call('HGET', KEYS[1], 'v')
 if not v then return -1 end
@@ -151,15 +166,13 @@ if KEYS[4] then
   if ARGV[10] ~= '' then
     redis.call('ZADD', KEYS[4], 'GT', ARGV[10], ARGV[9])
   else
-    drop_lease(KEYS[4], ARGV[9], ARGV[11])
+    redis.call('ZREM', KEYS[4], ARGV[9])
   end
 end
 if ARGV[5] ~= '' then
   if KEYS[5] then
     redis.call('SET', KEYS[6], KEYS[2], 'EX', ARGV[4])
-    redis.call('ZADD', KEYS[5], ARGV[13], ARGV[12])
-    redis.call('ZREMRANGEBYSCORE', KEYS[5], 0, ARGV[14])
-    keep_for(KEYS[5], ARGV[4])
+    list_receipt(KEYS[5], ARGV[11], ARGV[12], ARGV[13], ARGV[4])
   end
   redis.call('SET', KEYS[2], ARGV[5], 'EX', ARGV[4])
   append_audit(KEYS[3], ARGV[6], now, ARGV[4])
@@ -246,9 +259,9 @@ struct Scripts {
     /// A refusal's audit record, sent as text: it is the only script of its write, and by
     /// text it never meets a NOSCRIPT that would resend the write.
     append_audit_text: String,
-    /// [`KEEP_FOR_FN`] for a key written beside a script (a listing on a cluster, or a
-    /// refusal's), sent as text like `append_audit_text`.
-    keep_for_text: String,
+    /// [`LIST_RECEIPT_FN`] for a listing written beside a script (a receipt's on a cluster, or
+    /// a refusal's), sent as text like `append_audit_text`.
+    list_receipt_text: String,
     put_ticket: Script,
     decide_ticket: Script,
 }
@@ -258,13 +271,13 @@ impl Scripts {
         Scripts {
             claim: Script::new(&format!("{NOW_MS}{LEASE_END_FN}{CLAIM_BODY}")),
             transition: Script::new(&format!(
-                "{NOW_MS}{LEASE_END_FN}{DROP_LEASE_FN}{KEEP_FOR_FN}{APPEND_AUDIT_FN}{TRANSITION_BODY}"
+                "{NOW_MS}{LEASE_END_FN}{KEEP_FOR_FN}{LIST_RECEIPT_FN}{APPEND_AUDIT_FN}{TRANSITION_BODY}"
             )),
             get_claim: Script::new(&format!("{NOW_MS}{GET_CLAIM_BODY}")),
             drop_lease: Script::new(&format!("{DROP_LEASE_FN}{DROP_LEASE_BODY}")),
             drop_lease_text: format!("{DROP_LEASE_FN}{DROP_LEASE_BODY}"),
             append_audit_text: format!("{NOW_MS}{KEEP_FOR_FN}{APPEND_AUDIT_FN}{APPEND_AUDIT_BODY}"),
-            keep_for_text: format!("{KEEP_FOR_FN}{KEEP_FOR_BODY}"),
+            list_receipt_text: format!("{KEEP_FOR_FN}{LIST_RECEIPT_FN}{LIST_RECEIPT_BODY}"),
             put_ticket: Script::new(PUT_TICKET),
             decide_ticket: Script::new(DECIDE_TICKET),
         }
@@ -1042,8 +1055,7 @@ impl RedisStore {
             .arg(remaining_lease(next))
             .arg(self.write_id())
             .arg(&slot)
-            .arg(lease.map(|until| until.to_string()).unwrap_or_default())
-            .arg(expected.lease_until_ms);
+            .arg(lease.map(|until| until.to_string()).unwrap_or_default());
         if let Some(listing) = &listing {
             script
                 .arg(listing.id)
@@ -1558,16 +1570,15 @@ impl<'r> Listing<'r> {
         writes
             .group()
             .ignore(Cmd::set_ex(&self.pointer, location, retention_s));
-        let mut keep = redis::cmd("EVAL");
-        keep.arg(&scripts.keep_for_text)
+        let mut list = redis::cmd("EVAL");
+        list.arg(&scripts.list_receipt_text)
             .arg(1)
             .arg(&self.index)
+            .arg(self.id)
+            .arg(self.finalized_at_ms)
+            .arg(self.horizon_ms)
             .arg(retention_s);
-        writes
-            .group()
-            .ignore(Cmd::zadd(&self.index, self.id, self.finalized_at_ms))
-            .ignore(Cmd::zrembyscore(&self.index, 0, self.horizon_ms))
-            .ignore(keep);
+        writes.group().ignore(list);
     }
 }
 
