@@ -2,13 +2,20 @@
 //!
 //! Writes are group-committed by a leader: the writer that finds no commit under way makes
 //! the queued operations, up to [`MAX_BATCH_BYTES`] of them, durable with one fsync of the
-//! journal (`journal.rs`; a write larger than a whole half of it by a checkpoint), then applies
-//! them to redb, on its own thread, then does the same for whatever queued meanwhile (a
-//! blocking-pool thread takes over after two rounds). Each caller serialises its own journal
-//! entry before queueing it, so the leader, whom every write waits for, only joins them.
-//! Durability is never relaxed: a caller's write is acknowledged only after the fsync that
-//! covers it, but concurrent callers share that fsync instead of paying one each, and a lone
-//! write pays no thread hand-off (ADR-0049).
+//! journal (`journal.rs`; a write larger than a whole half of it by a checkpoint), answers
+//! them, then applies them to redb, on its own thread, then does the same for whatever queued
+//! meanwhile (a blocking-pool thread takes over after two rounds). Each caller serialises its
+//! own journal entry before queueing it, so the leader, whom every write waits for, only
+//! joins them. Durability is never relaxed: a caller's write is acknowledged only after the
+//! fsync that covers it, but concurrent callers share that fsync instead of paying one each,
+//! and a lone write pays no thread hand-off (ADR-0049).
+//!
+//! Claims, transitions and refusals are answered before they are applied, from the claims
+//! table and the writes before them in the batch, by the rule applying them follows
+//! ([`decide`]); applying them must then give the same answers, or the store stops taking
+//! writes. A caller that led its own write leaves the apply to its lane's next idle moment,
+//! after its call has gone on to the vendor or its client; whatever the store does next
+//! (answer another batch, commit for a reader, checkpoint, close) applies it first (ADR-0078).
 //!
 //! The batches are applied to one open redb transaction that is committed only when a reader
 //! needs to see them, every few hundred writes, or at the next checkpoint, not once per
@@ -31,7 +38,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{AccessGuard, Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use tokio::sync::oneshot;
@@ -89,7 +96,7 @@ const JOURNAL_BYTES: u64 = 8 << 20;
 /// returned (a panic inside it): what the transaction held is only in the journal.
 const UNFINISHED_COMMIT: &str = "a commit of journaled writes did not finish";
 /// How many writes the pending transaction holds before it is committed (without an fsync),
-/// checked after each batch, so it may hold up to `MAX_BATCH - 1` more: its dirty pages stay
+/// checked after each batch is applied, so it may hold up to `MAX_BATCH - 1` more: its dirty pages stay
 /// in memory until then, about 5 KiB per call's writes.
 const PUBLISH_AFTER: usize = 512;
 /// The longest the journal goes without a checkpoint while writes arrive: what a restart may
@@ -103,8 +110,39 @@ const DEFERRED_PER_ROUND: usize = 4;
 
 #[derive(Clone)]
 pub struct EmbeddedStore {
-    inner: Arc<Inner>,
+    inner: Arc<Owner>,
     retention: std::time::Duration,
+}
+
+/// What every handle of one store shares: the store, held strongly by the handles alone
+/// (and by a blocking-pool leader while it leads). The last handle's drop closes the store
+/// on its own thread, so the file can be opened again as soon as it returns: an apply left
+/// for a lane's idle moment ([`Inner::apply_when_idle`]) holds the store only while it holds
+/// [`Inner::idle`], which the drop waits for.
+struct Owner(Option<Arc<Inner>>);
+
+impl Owner {
+    fn inner(&self) -> &Arc<Inner> {
+        self.0.as_ref().expect("taken only by its drop")
+    }
+}
+
+impl std::ops::Deref for Owner {
+    type Target = Inner;
+
+    fn deref(&self) -> &Inner {
+        self.inner()
+    }
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        if let Some(inner) = self.0.take() {
+            let idle = Arc::clone(&inner.idle);
+            let _held = idle.lock().unwrap_or_else(PoisonError::into_inner);
+            drop(inner);
+        }
+    }
 }
 
 impl std::fmt::Debug for EmbeddedStore {
@@ -119,15 +157,21 @@ struct Inner {
     queue: Mutex<Queue>,
     /// Locked by the leader only, so never contended.
     writer: Mutex<Writer>,
-    /// Whether the writer's pending transaction holds acknowledged writes that readers cannot
-    /// see yet. Set after a batch is applied, before its callers are answered; cleared after
-    /// the commit that covers it.
+    /// Whether the writer holds acknowledged writes that readers cannot see yet, applied to
+    /// its pending transaction or not yet. Set before a journaled batch's callers are answered;
+    /// cleared after the commit that covers it.
     unpublished: AtomicBool,
     syncs: AtomicU64,
     /// Callers waiting for an answer from [`EmbeddedStore::ask`].
     waiting: AtomicUsize,
     /// Shared with a checkpoint's thread.
     committing: Arc<Committing>,
+    /// Held by an apply left for a lane's idle moment while it holds the store ([`Owner`]).
+    idle: Arc<Mutex<()>>,
+    /// Held by the next idle apply, once it holds the store, until the test sends or drops
+    /// its end.
+    #[cfg(test)]
+    idle_gate: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
 }
 
 /// Whether a checkpoint's durable commit is running. Work the leader could not answer while
@@ -182,6 +226,11 @@ struct Writer {
     /// The checkpoint whose durable commit is running, or whose deferred batches are not all
     /// applied yet, if there is one.
     in_flight: Option<InFlight>,
+    /// The last batch, when it was answered before it was applied (no checkpoint running): its
+    /// callers go on while it is applied, by a blocking-pool leader right after answering, by
+    /// a lane's idle moment after a caller led it ([`Inner::apply_when_idle`]), and in any
+    /// case before anything else is answered, committed or checkpointed.
+    unapplied: Option<Deferred>,
     last_checkpoint: std::time::Instant,
     /// Set when the journal failed and could not be started over, a journaled batch could
     /// not be answered or applied (or, applied after a checkpoint, got other answers than it
@@ -266,7 +315,8 @@ struct InFlight {
     deferred: VecDeque<Deferred>,
 }
 
-/// A batch journaled during a checkpoint, with the answers it was given.
+/// A batch journaled and answered before it was applied (during a checkpoint, or as the last
+/// batch: [`Writer::unapplied`]), with the answers it was given, which applying it must give.
 struct Deferred {
     sequence: u64,
     writes: Vec<Journaled>,
@@ -281,32 +331,70 @@ impl InFlight {
         &mut self,
         writes: &[&Journaled],
     ) -> Result<Vec<Result<Applied, StoreError>>, StoreError> {
-        let mut answers = Vec::with_capacity(writes.len());
-        for journaled in writes {
-            let decision = match journaled.write.slot() {
-                None => decide(&journaled.write, None),
-                Some(slot) => match self.written.get(slot) {
-                    Some(record) => decide(&journaled.write, Some(record)),
-                    None => {
-                        let found = self.claims.get(slot).map_err(failed)?;
-                        decide(&journaled.write, found.as_ref().map(|bytes| bytes.value()))
-                    }
-                },
-            };
-            answers.push(match decision {
-                Verdict::Writes(answer, _) => {
-                    if let (Some(slot), Some(record)) =
-                        (journaled.write.slot(), journaled.write.record())
-                    {
-                        self.written.insert(slot.to_owned(), record.to_vec());
-                    }
-                    Ok(answer)
-                }
-                Verdict::Answers(answer) => answer,
-            });
-        }
-        Ok(answers)
+        let InFlight {
+            claims, written, ..
+        } = self;
+        answer_ahead(writes, written, |slot| claims.get(slot).map_err(failed))
     }
+}
+
+/// The records a batch answered before it is applied writes, by slot: what a later write to
+/// the same slot is decided on. Kept across batches while a checkpoint runs ([`InFlight`]);
+/// borrowed from the batch for [`Writer::unapplied`], which is applied before the next.
+trait Written<'w> {
+    fn record(&self, slot: &str) -> Option<&[u8]>;
+    fn wrote(&mut self, slot: &'w str, record: &'w [u8]);
+}
+
+impl<'w> Written<'w> for HashMap<String, Vec<u8>> {
+    fn record(&self, slot: &str) -> Option<&[u8]> {
+        self.get(slot).map(Vec::as_slice)
+    }
+
+    fn wrote(&mut self, slot: &'w str, record: &'w [u8]) {
+        self.insert(slot.to_owned(), record.to_vec());
+    }
+}
+
+impl<'w> Written<'w> for HashMap<&'w str, &'w [u8]> {
+    fn record(&self, slot: &str) -> Option<&[u8]> {
+        self.get(slot).copied()
+    }
+
+    fn wrote(&mut self, slot: &'w str, record: &'w [u8]) {
+        self.insert(slot, record);
+    }
+}
+
+/// Answers a batch as applying it will: each write's record read from what the writes
+/// before it wrote (`written`), or else from the claims table as `stored` finds it, and
+/// [`decide`]d as [`apply`] decides.
+fn answer_ahead<'w, 'g>(
+    writes: &[&'w Journaled],
+    written: &mut impl Written<'w>,
+    mut stored: impl FnMut(&str) -> Result<Option<AccessGuard<'g, &'static [u8]>>, StoreError>,
+) -> Result<Vec<Result<Applied, StoreError>>, StoreError> {
+    let mut answers = Vec::with_capacity(writes.len());
+    for journaled in writes {
+        let write = &journaled.write;
+        let decision = match write.slot() {
+            None => decide(write, None),
+            Some(slot) => match written.record(slot) {
+                Some(record) => decide(write, Some(record)),
+                None => decide(write, stored(slot)?.as_ref().map(AccessGuard::value)),
+            },
+        };
+        answers.push(match decision {
+            Verdict::Writes(answer, _) => {
+                if let (Some(slot), Some(record)) = (write.slot(), write.record()) {
+                    written.wrote(slot, record);
+                }
+                Ok(answer)
+            }
+            Verdict::Answers(answer) => answer,
+        });
+    }
+    Ok(answers)
 }
 
 /// A step of a batch a test makes panic.
@@ -361,6 +449,23 @@ impl Pending {
     }
 }
 
+impl Pending {
+    /// Answers a batch from the claims table as the transaction holds it, every batch before
+    /// it applied.
+    fn answer(
+        &mut self,
+        writes: &[&Journaled],
+    ) -> Result<Vec<Result<Applied, StoreError>>, StoreError> {
+        self.txn.with_dependent_mut(|_, tables| {
+            let txn = tables.txn;
+            let claims: &redb::Table<&str, &[u8]> = opened(&mut tables.claims, txn, CLAIMS)?;
+            answer_ahead(writes, &mut HashMap::<&str, &[u8]>::new(), |slot| {
+                claims.get(slot).map_err(failed)
+            })
+        })
+    }
+}
+
 impl Writer {
     /// The pending transaction, begun if there is none.
     fn pending(&mut self, db: &Database) -> Result<&mut Pending, StoreError> {
@@ -375,6 +480,30 @@ impl Writer {
             });
         }
         Ok(self.pending.as_mut().expect("begun above"))
+    }
+}
+
+/// Where a leader runs, which decides what it leaves to others.
+#[derive(Clone, Copy)]
+enum Seat {
+    /// A caller's own thread (a lane's, in the gateway): it leads this many rounds, and
+    /// leaves the apply of the last batch it answered to the lane's next idle moment.
+    Caller(usize),
+    /// A lane's idle moment, which applies what a caller left it and leads no batch itself.
+    Idle,
+    /// A blocking-pool thread, which leads until the queue is empty.
+    Pool,
+}
+
+impl Seat {
+    /// How many batches it leads before a blocking-pool thread takes over; without a bound
+    /// on a blocking-pool thread.
+    fn rounds(self) -> Option<usize> {
+        match self {
+            Seat::Caller(rounds) => Some(rounds),
+            Seat::Idle => Some(0),
+            Seat::Pool => None,
+        }
     }
 }
 
@@ -633,7 +762,7 @@ impl EmbeddedStore {
         txn.commit().map_err(failed)?;
         let writer = recover(&db, &journal_path(path), applied)?;
         Ok(EmbeddedStore {
-            inner: Arc::new(Inner {
+            inner: Arc::new(Owner(Some(Arc::new(Inner {
                 db: Arc::new(db),
                 queue: Mutex::default(),
                 writer: Mutex::new(writer),
@@ -641,7 +770,10 @@ impl EmbeddedStore {
                 syncs: AtomicU64::new(0),
                 waiting: AtomicUsize::new(0),
                 committing: Arc::default(),
-            }),
+                idle: Arc::default(),
+                #[cfg(test)]
+                idle_gate: Mutex::default(),
+            })))),
             retention: super::DEFAULT_RETENTION,
         })
     }
@@ -847,7 +979,7 @@ impl EmbeddedStore {
             } else {
                 INLINE_ROUNDS
             };
-            self.inner.lead(Some(rounds));
+            self.inner.inner().lead(Seat::Caller(rounds));
         }
         answer
             .await
@@ -1402,12 +1534,14 @@ impl Inner {
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The leader's loop: batch, apply, journal once (one fsync), answer everyone in the
-    /// batch; again until the queue is empty, then step down. A caller leads at most
-    /// `rounds` batches on its own thread ([`INLINE_ROUNDS`] when alone, none when other calls
-    /// wait): if writes keep arriving, a blocking-pool thread takes over, so neither the
-    /// caller nor its lane waits behind other calls' writes for long.
-    fn lead(self: &Arc<Self>, rounds: Option<usize>) {
+    /// The leader's loop: batch, journal once (one fsync), answer everyone in the batch, apply
+    /// it; again until the queue is empty, then step down. A caller leads at most `rounds`
+    /// batches on its own thread ([`INLINE_ROUNDS`] when alone, none when other calls wait):
+    /// if writes keep arriving, a blocking-pool thread takes over, so neither the caller nor
+    /// its lane waits behind other calls' writes for long. A caller's thread leaves the apply
+    /// of the last batch it answered to its lane's next idle moment, so that its own call goes
+    /// on first.
+    fn lead(self: &Arc<Self>, seat: Seat) {
         let leadership = Leadership(self);
         let mut writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
         let mut done = 0;
@@ -1415,11 +1549,45 @@ impl Inner {
             let batch: Vec<Op> = {
                 let mut queue = self.lock();
                 if queue.ops.is_empty() {
+                    if writer.unapplied.is_some() {
+                        if let Seat::Caller(_) = seat
+                            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+                        {
+                            queue.leading = false;
+                            drop(queue);
+                            drop(writer);
+                            std::mem::forget(leadership);
+                            let (inner, idle) = (Arc::downgrade(self), Arc::clone(&self.idle));
+                            runtime.spawn(async move {
+                                // Behind what the caller's call wakes as it goes on (its
+                                // request to the vendor, its answer to the client).
+                                tokio::task::yield_now().await;
+                                // Held elsewhere: another lane's idle moment, which leads or
+                                // finds a leader that applies it first, or the store closing.
+                                let _held = match idle.try_lock() {
+                                    Ok(held) => held,
+                                    Err(std::sync::TryLockError::Poisoned(held)) => {
+                                        held.into_inner()
+                                    }
+                                    Err(std::sync::TryLockError::WouldBlock) => return,
+                                };
+                                if let Some(inner) = inner.upgrade() {
+                                    inner.apply_when_idle();
+                                }
+                            });
+                            return;
+                        }
+                        drop(queue);
+                        // A failure leaves the store broken; the next write says so.
+                        let _ = self.apply_unapplied(&mut writer);
+                        let _ = self.tend_checkpoint(&mut writer);
+                        continue;
+                    }
                     queue.leading = false;
                     std::mem::forget(leadership);
                     return;
                 }
-                if rounds.is_some_and(|rounds| done >= rounds)
+                if seat.rounds().is_some_and(|rounds| done >= rounds)
                     && let Ok(runtime) = tokio::runtime::Handle::try_current()
                 {
                     // Still leading: the blocking thread carries on where this one stops.
@@ -1427,7 +1595,7 @@ impl Inner {
                     drop(writer);
                     std::mem::forget(leadership);
                     let inner = Arc::clone(self);
-                    runtime.spawn_blocking(move || inner.lead(None));
+                    runtime.spawn_blocking(move || inner.lead(Seat::Pool));
                     return;
                 }
                 let take = batch_len(&queue.ops);
@@ -1450,9 +1618,47 @@ impl Inner {
                     }
                 }
             }
-            // A failure leaves the store broken; the next write says so.
-            let _ = self.tend_checkpoint(&mut writer);
+            // A failure leaves the store broken; the next write says so. A caller leaves the
+            // apply to its lane's idle moment unless a checkpoint is due, which needs it first.
+            if matches!(seat, Seat::Pool)
+                || (writer.unapplied.is_some() && checkpoint_due(&mut writer))
+            {
+                let _ = self.apply_unapplied(&mut writer);
+            }
+            if writer.unapplied.is_none() {
+                let _ = self.tend_checkpoint(&mut writer);
+            }
         }
+    }
+
+    /// Applies the batch a caller answered and left for its lane's idle moment, unless a
+    /// leader since has (each applies it before its own batch), then leads what queued
+    /// meanwhile, from a blocking-pool thread.
+    fn apply_when_idle(self: &Arc<Self>) {
+        #[cfg(test)]
+        if let Some(gate) = self.idle_gate.lock().unwrap().take() {
+            let _ = gate.recv();
+        }
+        let lead = !std::mem::replace(&mut self.lock().leading, true);
+        if lead {
+            self.lead(Seat::Idle);
+        }
+    }
+
+    /// Applies [`Writer::unapplied`], if there is one, and commits the pending transaction
+    /// once it holds [`PUBLISH_AFTER`] writes. A failure leaves the store refusing writes.
+    fn apply_unapplied(&self, writer: &mut Writer) -> Result<(), StoreError> {
+        if let Some(batch) = writer.unapplied.take() {
+            apply_batch(&self.db, writer, batch)?;
+            if writer
+                .pending
+                .as_ref()
+                .is_some_and(|pending| pending.writes >= PUBLISH_AFTER)
+            {
+                self.publish(writer)?;
+            }
+        }
+        Ok(())
     }
 
     /// Applies a few of the batches deferred by a checkpoint whose commit has returned (ending
@@ -1476,25 +1682,24 @@ impl Inner {
                 return Ok(());
             }
         }
-        #[cfg(test)]
-        let due = std::mem::take(&mut writer.checkpoint_now);
-        #[cfg(not(test))]
-        let due = false;
-        if due
-            || writer.journals.active().wants_checkpoint()
-            || (writer.sequence > writer.checkpointed
-                && writer.last_checkpoint.elapsed() >= CHECKPOINT_EVERY)
-        {
+        if checkpoint_due(writer) {
+            #[cfg(test)]
+            {
+                writer.checkpoint_now = false;
+            }
             self.begin_checkpoint(writer)?;
         }
         Ok(())
     }
 
-    /// Journals a batch's writes (one fsync), then applies them to the pending transaction;
-    /// commits it, without an fsync, if a reader in the batch asked to see them or it holds
-    /// [`PUBLISH_AFTER`] writes. While a checkpoint runs or its deferred batches wait, a batch
-    /// of claims, transitions and refusals is journaled and answered, and applied after them
-    /// ([`InFlight`]); any other waits for the commit and has them all applied first.
+    /// Applies the last batch if it is still unapplied, journals this batch's writes (one
+    /// fsync), then answers a batch of claims, transitions and refusals from the claims table
+    /// and keeps it to be applied once its callers have their answers: as
+    /// [`Writer::unapplied`], or while a checkpoint runs or its deferred batches wait, after
+    /// them ([`InFlight`]). Any other batch is applied to the pending transaction before it
+    /// is answered (during a checkpoint, after waiting for its commit and applying what it
+    /// deferred), which is then committed, without an fsync, if a reader in the batch asked to
+    /// see its writes or it holds [`PUBLISH_AFTER`] writes.
     fn commit(
         &self,
         writer: &mut Writer,
@@ -1505,6 +1710,7 @@ impl Inner {
                 "the store's journal failed ({why}); restart the gateway"
             )));
         }
+        self.apply_unapplied(writer)?;
         let answerable = works.iter().all(Work::answerable_during_checkpoint);
         if writer.in_flight.is_some() && !answerable {
             finish_checkpoint(&self.db, writer)?;
@@ -1555,13 +1761,22 @@ impl Inner {
             // Armed before, and disarmed after, so that a panic while answering or applying it
             // leaves the store refusing writes.
             writer.broken = Some("a journaled batch was not applied".into());
-            // During a checkpoint it is answered now and applied after it; an answer that
-            // cannot be read leaves the store refusing writes, as an apply that fails does.
-            match writer
-                .in_flight
-                .as_mut()
-                .map(|in_flight| in_flight.answer(&writes))
-            {
+            #[cfg(test)]
+            writer.panic_if_at(PanicAt::Apply);
+            // Claims, transitions and refusals are answered now, from the claims table, and
+            // applied once their callers have their answers: during a checkpoint after it
+            // ([`InFlight`]), else right after ([`Writer::unapplied`]). An answer that cannot
+            // be read leaves the store refusing writes, as an apply that fails does.
+            let answered = match writer.in_flight.as_mut() {
+                Some(in_flight) => Some(in_flight.answer(&writes)),
+                None if answerable => Some(
+                    writer
+                        .pending(&self.db)
+                        .and_then(|pending| pending.answer(&writes)),
+                ),
+                None => None,
+            };
+            match answered {
                 None => {}
                 Some(Err(error)) => {
                     writer.broken = Some(error.to_string());
@@ -1571,8 +1786,7 @@ impl Inner {
                 }
                 Some(Ok(answered)) => {
                     drop(writes);
-                    let in_flight = writer.in_flight.as_mut().expect("answered above");
-                    in_flight.deferred.push_back(Deferred {
+                    let batch = Deferred {
                         sequence,
                         writes: works
                             .into_iter()
@@ -1586,14 +1800,17 @@ impl Inner {
                             })
                             .collect(),
                         answered: answered.clone(),
-                    });
+                    };
+                    match writer.in_flight.as_mut() {
+                        Some(in_flight) => in_flight.deferred.push_back(batch),
+                        None => writer.unapplied = Some(batch),
+                    }
                     writer.broken = None;
+                    // Before the answers: a reader they reach asks for the batch first.
                     self.unpublished.store(true, Ordering::Release);
                     return Ok(answered);
                 }
             }
-            #[cfg(test)]
-            writer.panic_if_at(PanicAt::Apply);
             let pending = writer.pending(&self.db)?;
             pending.writes += writes.len();
             let results = pending
@@ -1667,6 +1884,7 @@ impl Inner {
 
     /// Commits the pending transaction without an fsync: its writes are in the journal.
     fn publish(&self, writer: &mut Writer) -> Result<(), StoreError> {
+        apply_answered(&self.db, writer)?;
         if let Some(pending) = writer.pending.take() {
             // Armed until the commit returns, as around an apply: a panic inside it would
             // otherwise let the next batch begin from a state without these writes.
@@ -1879,10 +2097,32 @@ fn durable_commit(db: &Database) -> Result<(), StoreError> {
     txn.commit().map_err(failed)
 }
 
-/// Waits for the running checkpoint's durable commit, if there is one, then applies every
-/// batch it deferred, in order.
+/// Applies the last batch if it was answered before it was applied, then waits for the
+/// running checkpoint's durable commit, if there is one, and applies every batch it deferred,
+/// in order (there is never both).
 fn finish_checkpoint(db: &Database, writer: &mut Writer) -> Result<(), StoreError> {
+    apply_answered(db, writer)?;
     apply_deferred(db, writer, usize::MAX)
+}
+
+/// Whether the next checkpoint is due: the active half of the journal is half full, or the
+/// last checkpoint is [`CHECKPOINT_EVERY`] old and writes came since.
+fn checkpoint_due(writer: &mut Writer) -> bool {
+    #[cfg(test)]
+    if writer.checkpoint_now {
+        return true;
+    }
+    writer.journals.active().wants_checkpoint()
+        || (writer.sequence > writer.checkpointed
+            && writer.last_checkpoint.elapsed() >= CHECKPOINT_EVERY)
+}
+
+/// Applies [`Writer::unapplied`], if there is one.
+fn apply_answered(db: &Database, writer: &mut Writer) -> Result<(), StoreError> {
+    match writer.unapplied.take() {
+        Some(batch) => apply_batch(db, writer, batch),
+        None => Ok(()),
+    }
 }
 
 /// Waits for the running checkpoint's durable commit, if it has not been joined yet, then
@@ -1916,28 +2156,10 @@ fn apply_deferred(db: &Database, writer: &mut Writer, most: usize) -> Result<(),
         else {
             break;
         };
-        // Armed as around any apply of a journaled batch.
-        writer.broken = Some("a journaled batch was not applied".into());
-        let pending = writer.pending(db)?;
-        pending.writes += batch.writes.len();
-        let results = pending
-            .txn
-            .with_dependent_mut(|_, tables| apply(tables, batch.writes.iter()));
-        let why = match results {
-            Ok(results) if results == batch.answered => {
-                pending.through = Some(batch.sequence);
-                writer.broken = None;
-                continue;
-            }
-            Ok(_) => "its writes were answered otherwise during the checkpoint".to_owned(),
-            Err(error) => error.to_string(),
-        };
-        writer.in_flight = None;
-        writer.pending = None;
-        writer.broken = Some(why.clone());
-        return Err(failed(format!(
-            "the store journaled a write but could not apply it ({why}); restart the gateway"
-        )));
+        if let Err(error) = apply_batch(db, writer, batch) {
+            writer.in_flight = None;
+            return Err(error);
+        }
     }
     if writer
         .in_flight
@@ -1947,6 +2169,33 @@ fn apply_deferred(db: &Database, writer: &mut Writer, most: usize) -> Result<(),
         writer.in_flight = None;
     }
     Ok(())
+}
+
+/// Applies a batch answered before it was applied to the pending transaction, which must
+/// give the answers it was given. A failure leaves the store refusing writes; its journal
+/// holds them.
+fn apply_batch(db: &Database, writer: &mut Writer, batch: Deferred) -> Result<(), StoreError> {
+    // Armed as around any apply of a journaled batch.
+    writer.broken = Some("a journaled batch was not applied".into());
+    let pending = writer.pending(db)?;
+    pending.writes += batch.writes.len();
+    let results = pending
+        .txn
+        .with_dependent_mut(|_, tables| apply(tables, batch.writes.iter()));
+    let why = match results {
+        Ok(results) if results == batch.answered => {
+            pending.through = Some(batch.sequence);
+            writer.broken = None;
+            return Ok(());
+        }
+        Ok(_) => "its writes were answered otherwise before they were applied".to_owned(),
+        Err(error) => error.to_string(),
+    };
+    writer.pending = None;
+    writer.broken = Some(why.clone());
+    Err(failed(format!(
+        "the store journaled a write but could not apply it ({why}); restart the gateway"
+    )))
 }
 
 /// Opens the journal and applies again, in order, every record redb does not have (written
@@ -1966,6 +2215,7 @@ fn recover(db: &Database, path: &Path, applied: u64) -> Result<Writer, StoreErro
         sequence: applied,
         checkpointed: applied,
         in_flight: None,
+        unapplied: None,
         last_checkpoint: std::time::Instant::now(),
         broken: None,
         pending: None,
@@ -2960,6 +3210,147 @@ mod tests {
         .unwrap()
     }
 
+    /// Whether the writer holds a batch it answered and has not applied.
+    fn unapplied(store: &EmbeddedStore) -> bool {
+        store.inner.writer.lock().unwrap().unapplied.is_some()
+    }
+
+    /// A write alone is answered once it is journaled, and applied at its lane's next idle
+    /// moment, after its caller has gone on. Until then the next write to its slot finds it
+    /// (applied first), a reader sees it, and the store's close applies it.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_write_is_answered_before_it_is_applied_and_applied_when_the_lane_is_idle() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.redb");
+        let store = EmbeddedStore::open(&path).unwrap();
+        // No checkpoint falls due (one would apply the batch on the caller's thread).
+        store.inner.writer.lock().unwrap().last_checkpoint =
+            std::time::Instant::now() + std::time::Duration::from_secs(3600);
+        let applied_writes = || {
+            let writer = store.inner.writer.lock().unwrap();
+            writer.pending.as_ref().map_or(0, |pending| pending.writes)
+        };
+        let record = claimed("rcp_ahead");
+        let [first, second, last] = ["ahead0001", "ahead0002", "ahead0003"].map(key);
+        assert!(matches!(
+            store.claim(&first, &record).await,
+            Ok(Claim::Acquired)
+        ));
+        assert_eq!(applied_writes(), 0, "answered before it was applied");
+        assert!(unapplied(&store));
+        for _ in 0..100 {
+            if applied_writes() == 1 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(applied_writes(), 1, "applied once the lane was idle");
+        assert!(!unapplied(&store));
+        assert!(matches!(
+            store.claim(&second, &record).await,
+            Ok(Claim::Acquired)
+        ));
+        assert!(unapplied(&store));
+        assert!(
+            matches!(store.claim(&second, &record).await, Ok(Claim::Existing(found)) if *found == record),
+            "a second claim finds the first, answered and not yet applied"
+        );
+        assert_eq!(store.get(&second).await.unwrap(), Some(record.clone()));
+        assert!(matches!(
+            store.claim(&last, &record).await,
+            Ok(Claim::Acquired)
+        ));
+        assert!(unapplied(&store), "the close has a batch to apply");
+        let sequence = store.inner.writer.lock().unwrap().sequence;
+        drop(store);
+        let db = Database::open(&path).unwrap();
+        let mark = db
+            .begin_read()
+            .unwrap()
+            .open_table(JOURNAL_STATE)
+            .unwrap()
+            .get("applied")
+            .unwrap()
+            .map(|applied| applied.value());
+        assert_eq!(
+            mark,
+            Some(sequence),
+            "the close applied and committed the last batch"
+        );
+        drop(db);
+        let reopened = EmbeddedStore::open(&path).unwrap();
+        for k in [&first, &second, &last] {
+            assert_eq!(reopened.get(k).await.unwrap(), Some(record.clone()));
+        }
+    }
+
+    /// Dropped while its lane's idle apply holds it on another thread, the store waits for
+    /// that apply and is closed when the drop returns: the file opens again at once, with the
+    /// write in it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_store_dropped_during_its_idle_apply_is_closed_when_the_drop_returns() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.redb");
+        let store = EmbeddedStore::open(&path).unwrap();
+        store.inner.writer.lock().unwrap().last_checkpoint =
+            std::time::Instant::now() + std::time::Duration::from_secs(3600);
+        let (release, gate) = std::sync::mpsc::channel();
+        *store.inner.idle_gate.lock().unwrap() = Some(gate);
+        let record = claimed("rcp_close");
+        let k = key("close0001");
+        assert!(matches!(
+            store.claim(&k, &record).await,
+            Ok(Claim::Acquired)
+        ));
+        let started = std::time::Instant::now();
+        while Arc::strong_count(store.inner.inner()) < 2 {
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(10),
+                "no idle apply"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let dropping = std::thread::spawn(move || drop(store));
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(!dropping.is_finished(), "the drop waits for the idle apply");
+        drop(release);
+        dropping.join().unwrap();
+        let reopened = EmbeddedStore::open(&path).unwrap();
+        assert_eq!(reopened.get(&k).await.unwrap(), Some(record));
+    }
+
+    /// Two claims of one key in one batch, answered before the batch is applied: the first
+    /// acquires, the second finds it, as applying them decides.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn claims_of_one_key_in_one_batch_are_answered_as_applying_them_decides() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(&dir.path().join("s.redb")).unwrap();
+        let record = claimed("rcp_batch");
+        let k = key("batch0001");
+        let held = store.inner.writer.lock().unwrap();
+        let claims: Vec<_> = (0..2)
+            .map(|_| {
+                let (store, k, record) = (store.clone(), k.clone(), record.clone());
+                tokio::spawn(async move { store.claim(&k, &record).await })
+            })
+            .collect();
+        while store.inner.lock().ops.len() < 2 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        drop(held);
+        let mut acquired = 0;
+        for claim in claims {
+            match claim.await.unwrap() {
+                Ok(Claim::Acquired) => acquired += 1,
+                Ok(Claim::Existing(found)) => assert_eq!(*found, record),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(acquired, 1);
+        assert_eq!(store.inner.writer.lock().unwrap().sequence, 1, "one batch");
+        assert_eq!(store.get(&k).await.unwrap(), Some(record));
+    }
+
     /// A batch costs no redb commit: a claim sits in the pending transaction, unseen by
     /// redb's readers, until a reader of the store asks for it, and then it is there.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -3370,6 +3761,9 @@ mod tests {
     fn hold_next_checkpoint(store: &EmbeddedStore) -> std::sync::mpsc::Sender<()> {
         let (release, gate) = std::sync::mpsc::channel();
         let mut writer = store.inner.writer.lock().unwrap();
+        // Applied here, not by the lane's idle moment, which would begin the checkpoint
+        // after the batch before.
+        store.inner.apply_unapplied(&mut writer).unwrap();
         writer.checkpoint_gate = Some(gate);
         writer.checkpoint_now = true;
         release
