@@ -489,8 +489,9 @@ enum Seat {
     /// A caller's own thread (a lane's, in the gateway): it leads this many rounds, and
     /// leaves the apply of the last batch it answered to the lane's next idle moment.
     Caller(usize),
-    /// A lane's idle moment, which applies what a caller left it and leads no batch itself.
-    Idle,
+    /// A lane's idle moment, which applies what a caller left it, then leads what queued
+    /// meanwhile as a caller would: this many rounds.
+    Idle(usize),
     /// A blocking-pool thread, which leads until the queue is empty.
     Pool,
 }
@@ -500,8 +501,7 @@ impl Seat {
     /// on a blocking-pool thread.
     fn rounds(self) -> Option<usize> {
         match self {
-            Seat::Caller(rounds) => Some(rounds),
-            Seat::Idle => Some(0),
+            Seat::Caller(rounds) | Seat::Idle(rounds) => Some(rounds),
             Seat::Pool => None,
         }
     }
@@ -972,14 +972,9 @@ impl EmbeddedStore {
             !std::mem::replace(&mut queue.leading, true)
         };
         if lead {
-            // With other calls in flight, an fsync on this thread would hold every call its
-            // lane serves: at c=32 that cost 8-16 % of the embedded store's calls per second.
-            let rounds = if self.inner.waiting.load(Ordering::Relaxed) > 1 {
-                0
-            } else {
-                INLINE_ROUNDS
-            };
-            self.inner.inner().lead(Seat::Caller(rounds));
+            self.inner
+                .inner()
+                .lead(Seat::Caller(self.inner.inline_rounds()));
         }
         answer
             .await
@@ -1528,6 +1523,18 @@ fn opened<'s, 't, K: redb::Key + 'static, V: redb::Value + 'static>(
 }
 
 impl Inner {
+    /// How many rounds a leader on a lane leads before a blocking-pool thread takes over:
+    /// [`INLINE_ROUNDS`] with one call waiting for the store, none with more, since an fsync
+    /// on the lane would hold every call it serves (at c=32 that cost 8-16 % of the embedded
+    /// store's calls per second).
+    fn inline_rounds(&self) -> usize {
+        if self.waiting.load(Ordering::Relaxed) > 1 {
+            0
+        } else {
+            INLINE_ROUNDS
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
         // The queue is a list and a flag, consistent after every statement: a panic elsewhere
         // while it was held leaves nothing half-written.
@@ -1633,7 +1640,9 @@ impl Inner {
 
     /// Applies the batch a caller answered and left for its lane's idle moment, unless a
     /// leader since has (each applies it before its own batch), then leads what queued
-    /// meanwhile, from a blocking-pool thread.
+    /// meanwhile as a caller would: on the lane when one call waits, else from a
+    /// blocking-pool thread. (Handed to one, the store would outlive a drop of its last
+    /// handle while that thread finished.)
     fn apply_when_idle(self: &Arc<Self>) {
         #[cfg(test)]
         if let Some(gate) = self.idle_gate.lock().unwrap().take() {
@@ -1641,7 +1650,7 @@ impl Inner {
         }
         let lead = !std::mem::replace(&mut self.lock().leading, true);
         if lead {
-            self.lead(Seat::Idle);
+            self.lead(Seat::Idle(self.inline_rounds()));
         }
     }
 
